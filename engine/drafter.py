@@ -1,0 +1,76 @@
+"""The drafter interface the draft service serves, and the per-request draft bookkeeping."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from engine.kv_cache import SequenceKV
+from engine.model_runner import ModelDescription
+from specdec.errors import InvalidRequestError
+
+
+@dataclass
+class DraftSequence:
+    """One request's tokens as the drafter sees them: committed tokens, then its open proposal."""
+
+    token_ids: list[int]
+    num_proposed: int = 0  # trailing entries of token_ids that are unverified proposals
+    kv: SequenceKV | None = None  # model drafters only
+    meta: dict[str, int] = field(default_factory=dict)
+
+    def reconcile(self, num_accepted: int, append_ids: list[int]) -> int:
+        """Keeps the first `num_accepted` proposed tokens, drops the rest, appends `append_ids`.
+
+        Returns how many leading tokens are unchanged (a KV cache stays valid up to there).
+        """
+        if not 0 <= num_accepted <= self.num_proposed:
+            raise InvalidRequestError(
+                f"num_accepted_draft_tokens={num_accepted} but the last proposal had {self.num_proposed} tokens"
+            )
+        if not append_ids:
+            raise InvalidRequestError("append_ids is empty; send the committed token(s) after the accepted ones")
+        num_kept = len(self.token_ids) - self.num_proposed + num_accepted
+        del self.token_ids[num_kept:]
+        self.token_ids += append_ids
+        self.num_proposed = 0
+        return num_kept
+
+
+@dataclass(frozen=True)
+class ProposeTiming:
+    forward_ns: int
+
+
+class Drafter(Protocol):
+    description: ModelDescription
+
+    async def start(self, prompt_ids: list[int], max_new_tokens: int) -> DraftSequence: ...
+
+    async def propose(
+        self, seq: DraftSequence, num_accepted: int, append_ids: list[int], num_draft_tokens: int
+    ) -> tuple[list[int], ProposeTiming]: ...
+
+    def release(self, seq: DraftSequence) -> None: ...
+
+    def start_background(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    def stats(self) -> dict[str, int]: ...
+
+
+def check_start(prompt_ids: list[int], max_new_tokens: int, max_model_len: int) -> None:
+    if not prompt_ids:
+        raise InvalidRequestError("prompt_ids is empty; send at least one token")
+    if max_new_tokens < 1:
+        raise InvalidRequestError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if len(prompt_ids) + max_new_tokens > max_model_len:
+        raise InvalidRequestError(
+            f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({max_new_tokens}) exceeds the "
+            f"draft's context of {max_model_len} tokens"
+        )
+
+
+def check_propose(num_draft_tokens: int, max_draft_tokens: int) -> None:
+    if not 1 <= num_draft_tokens <= max_draft_tokens:
+        raise InvalidRequestError(f"num_draft_tokens must be in [1, {max_draft_tokens}], got {num_draft_tokens}")

@@ -1,0 +1,120 @@
+"""A causal-LM drafter: greedy proposals from a small model with its own paged KV cache.
+
+Proposals of concurrent requests are batched: one forward feeds every sequence's pending
+tokens (the committed tokens it has not seen, including the "catch-up" last draft token when
+everything was accepted), then k-1 single-token forwards extend all of them together.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from engine.batch import StepInput
+from engine.batching_loop import BatchingLoop
+from engine.drafter import DraftSequence, ProposeTiming, check_propose, check_start
+from engine.model_runner import ModelRunner
+from specdec.errors import CapacityError
+
+
+@dataclass(frozen=True)
+class _Job:
+    seq: DraftSequence
+    num_draft_tokens: int  # 0: start (prefill only)
+    num_kv_valid: int  # leading tokens whose KV is still correct
+
+
+class ModelDrafter:
+    def __init__(self, runner: ModelRunner, max_draft_tokens: int = 16, max_batch_size: int = 64) -> None:
+        self.runner = runner
+        self.description = runner.description
+        self._max_draft_tokens = max_draft_tokens
+        self._loop: BatchingLoop[_Job, tuple[list[int], ProposeTiming]] = BatchingLoop(self._process, max_batch_size)
+        self._counters = {"num_active_sequences": 0, "num_sequences_started": 0, "num_forwards": 0,
+                          "num_sequence_steps": 0}
+
+    def start_background(self) -> None:
+        self._loop.start()
+
+    async def stop(self) -> None:
+        await self._loop.stop()
+
+    async def start(self, prompt_ids: list[int], max_new_tokens: int) -> DraftSequence:
+        """Opens a sequence and prefills the prompt into the draft's KV cache."""
+        check_start(prompt_ids, max_new_tokens, self.runner.max_model_len)
+        self.runner.check_token_ids(prompt_ids, "prompt_ids")
+        seq = DraftSequence(list(prompt_ids), kv=self.runner.kv.new_sequence())
+        self._counters["num_active_sequences"] += 1
+        self._counters["num_sequences_started"] += 1
+        try:
+            await self._loop.submit(_Job(seq, 0, 0))
+        except BaseException:
+            self.release(seq)
+            raise
+        return seq
+
+    async def propose(
+        self, seq: DraftSequence, num_accepted: int, append_ids: list[int], num_draft_tokens: int
+    ) -> tuple[list[int], ProposeTiming]:
+        """Rolls back to the accepted prefix, appends the committed tokens, proposes k more."""
+        check_propose(num_draft_tokens, self._max_draft_tokens)
+        self.runner.check_token_ids(append_ids, "append_ids")
+        num_kept = seq.reconcile(num_accepted, append_ids)
+        return await self._loop.submit(_Job(seq, num_draft_tokens, num_kept))
+
+    def release(self, seq: DraftSequence) -> None:
+        self._counters["num_active_sequences"] -= 1
+        assert seq.kv is not None
+        self._loop.run_serialized(seq.kv.release)
+
+    def stats(self) -> dict[str, int]:
+        allocator = self.runner.kv.allocator
+        return {**self._counters, "num_kv_blocks_used": allocator.num_used,
+                "num_kv_blocks_total": allocator.num_blocks, "kv_block_size": self.runner.kv.block_size}
+
+    def _process(self, jobs: list[_Job]) -> list[tuple[list[int], ProposeTiming] | Exception]:
+        """Worker thread: prefill/catch-up forward for all jobs, then k-1 greedy decode steps."""
+        start = time.perf_counter_ns()
+        results: list[tuple[list[int], ProposeTiming] | Exception] = []
+        first_steps: list[StepInput] = []
+        active: list[_Job] = []
+        for job in jobs:
+            kv = job.seq.kv
+            if job.num_draft_tokens and not kv.is_released:
+                kv.truncate(min(kv.num_tokens, job.num_kv_valid))  # roll back rejected drafts
+            pending = job.seq.token_ids[kv.num_tokens:]
+            # the last proposed token is never fed, so room for pending + k - 1 tokens
+            needed = len(pending) + max(job.num_draft_tokens - 1, 0)
+            if kv.is_released or not kv.can_reserve(needed):
+                results.append(CapacityError("draft KV cache is full; retry later"))
+                continue
+            kv.reserve(needed)
+            first_steps.append(StepInput(kv, pending, num_logits=1 if job.num_draft_tokens else 0))
+            active.append(job)
+            results.append(([], ProposeTiming(0)))
+        proposals = {id(job): [] for job in active}
+        steps = first_steps
+        while steps:
+            logits = self.runner.forward(steps)
+            self._counters["num_forwards"] += 1
+            self._counters["num_sequence_steps"] += len(steps)
+            steps, still_active = [], []
+            for job, job_logits in zip(active, logits):
+                if job.num_draft_tokens == 0:
+                    continue
+                token = int(job_logits[-1].argmax())
+                proposals[id(job)].append(token)
+                if len(proposals[id(job)]) < job.num_draft_tokens:
+                    steps.append(StepInput(job.seq.kv, [token], num_logits=1))
+                    still_active.append(job)
+            active = still_active
+        timing = ProposeTiming(time.perf_counter_ns() - start)
+        final: list[tuple[list[int], ProposeTiming] | Exception] = []
+        for job, result in zip(jobs, results):
+            if isinstance(result, Exception):
+                final.append(result)
+                continue
+            draft_ids = proposals.get(id(job), [])
+            job.seq.token_ids += draft_ids
+            job.seq.num_proposed = len(draft_ids)
+            final.append((draft_ids, timing))
+        return final

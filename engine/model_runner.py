@@ -1,0 +1,101 @@
+"""Owns a model and its KV pool; runs one batched forward over several sequences."""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from engine.batch import StepInput, build_forward_batch
+from engine.kv_cache import KVCacheConfig, KVPool
+from engine.llama import CausalLM
+from engine.model_source import LoadedModel, default_cache_dir, load_pretrained
+from engine.tokenizer_info import eos_token_ids, tokenizer_fingerprint
+from specdec.errors import InvalidRequestError
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class RuntimeConfig:
+    """What a model service needs to run a model; validated once at start."""
+
+    model: str
+    device: str = "cpu"
+    dtype: str = "float32"
+    max_model_len: int | None = None  # None: the model's own limit
+    kv_cache_tokens: int = 65536
+    kv_block_size: int = 16
+    cache_dir: Path = field(default_factory=default_cache_dir)
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
+        if self.kv_cache_tokens < self.kv_block_size:
+            raise ValueError("kv_cache_tokens must hold at least one block")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise ValueError("max_model_len must be >= 2")
+
+
+@dataclass(frozen=True)
+class ModelDescription:
+    model_id: str
+    architecture: str
+    vocab_size: int
+    tokenizer_fingerprint: str
+    max_model_len: int
+    eos_token_ids: list[int]
+
+
+class ModelRunner:
+    """A loaded model plus its paged KV pool. Not thread-safe: one caller (the batching loop)."""
+
+    def __init__(self, config: RuntimeConfig, loaded: LoadedModel | None = None) -> None:
+        device, dtype = torch.device(config.device), DTYPES[config.dtype]
+        loaded = loaded or load_pretrained(config.model, dtype, device, config.cache_dir)
+        hf_config = loaded.hf_model.config
+        self.max_model_len = _max_model_len(hf_config, config.max_model_len)
+        self.model = CausalLM(loaded.hf_model, self.max_model_len)
+        self.tokenizer = loaded.tokenizer
+        shape = self.model.shape
+        num_blocks = config.kv_cache_tokens // config.kv_block_size
+        self.kv = KVPool(
+            KVCacheConfig(num_blocks, config.kv_block_size),
+            shape.num_layers, shape.num_kv_heads, shape.head_dim, dtype, device,
+        )
+        self.device = device
+        self.description = ModelDescription(
+            model_id=loaded.model_id,
+            architecture=hf_config.model_type,
+            vocab_size=shape.vocab_size,
+            tokenizer_fingerprint=tokenizer_fingerprint(loaded.tokenizer),
+            max_model_len=self.max_model_len,
+            eos_token_ids=eos_token_ids(loaded.tokenizer, getattr(loaded.hf_model.generation_config, "eos_token_id", None)),
+        )
+        log.info("model ready: %s (%d layers, max_model_len %d, KV %d blocks x %d tokens)",
+                 loaded.model_id, shape.num_layers, self.max_model_len, num_blocks, config.kv_block_size)
+
+    def check_token_ids(self, token_ids: list[int], what: str) -> None:
+        vocab = self.description.vocab_size
+        bad = next((t for t in token_ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise InvalidRequestError(f"{what} holds token id {bad}, outside the vocabulary [0, {vocab})")
+
+    def forward(self, steps: list[StepInput]) -> list[torch.Tensor]:
+        """Appends each step's tokens to its sequence's KV; returns [num_logits, vocab] per step."""
+        batch = build_forward_batch(steps, self.device)
+        logits = self.model(batch, self.kv)
+        for step in steps:
+            step.kv.commit(len(step.token_ids))
+        return list(logits.split([s.num_logits for s in steps]))
+
+
+def _max_model_len(hf_config: object, requested: int | None) -> int:
+    limit = getattr(hf_config, "max_position_embeddings", 2048)
+    window = getattr(hf_config, "sliding_window", None)
+    if window and getattr(hf_config, "use_sliding_window", True):
+        limit = min(limit, window)  # we attend to the full context, exact only within the window
+    return min(limit, requested) if requested else limit

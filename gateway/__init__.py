@@ -1,0 +1,1 @@
+"""The gateway: the public Generate RPC and the speculative decoding loop."""

@@ -1,0 +1,22 @@
+"""The gateway's configuration: a frozen dataclass validated once at start."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class GatewayConfig:
+    target_address: str  # e.g. "127.0.0.1:50052" or "dns:///target:50052" (all replicas)
+    draft_address: str | None  # None: no draft service, every request decodes target-only
+    default_num_draft_tokens: int = 2  # small k wins on CPU; raise it on GPU
+    max_num_draft_tokens: int = 16
+    default_max_new_tokens: int = 256
+    max_stop_strings: int = 16
+    max_stop_string_chars: int = 256
+    connect_timeout_s: float = 600.0  # model services may still be loading weights
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.default_num_draft_tokens <= self.max_num_draft_tokens:
+            raise ValueError("default_num_draft_tokens must be in [0, max_num_draft_tokens]")
+        if self.default_max_new_tokens < 1:
+            raise ValueError("default_max_new_tokens must be >= 1")

@@ -1,0 +1,90 @@
+"""Validates a GenerateRequest and turns it into token ids and generation parameters."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from transformers import PreTrainedTokenizerBase
+
+from gateway.config import GatewayConfig
+from specdec.errors import InvalidRequestError
+from specdec.v1 import gateway_pb2
+
+CHAT_ROLES = ("system", "user", "assistant")
+
+
+@dataclass(frozen=True)
+class GenerationParams:
+    prompt_ids: list[int]
+    max_new_tokens: int
+    num_draft_tokens: int  # 0: speculation off
+    stop: list[str]
+
+
+def parse_request(
+    request: gateway_pb2.GenerateRequest,
+    tokenizer: PreTrainedTokenizerBase,
+    config: GatewayConfig,
+    max_model_len: int,
+) -> GenerationParams:
+    _check_sampling(request)
+    prompt_ids = _tokenize(request, tokenizer)
+    max_new = request.max_new_tokens if request.HasField("max_new_tokens") else config.default_max_new_tokens
+    if max_new < 1:
+        raise InvalidRequestError(f"max_new_tokens must be >= 1, got {max_new}")
+    if len(prompt_ids) >= max_model_len:
+        raise InvalidRequestError(
+            f"the prompt is {len(prompt_ids)} tokens; the model's context is {max_model_len} tokens. "
+            "Shorten the prompt."
+        )
+    if len(prompt_ids) + max_new > max_model_len:
+        if request.HasField("max_new_tokens"):
+            raise InvalidRequestError(
+                f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({max_new}) exceeds the model's context "
+                f"of {max_model_len} tokens; ask for at most {max_model_len - len(prompt_ids)} new tokens"
+            )
+        max_new = max_model_len - len(prompt_ids)  # the default shrinks to fit
+    k = request.num_draft_tokens if request.HasField("num_draft_tokens") else config.default_num_draft_tokens
+    if not 0 <= k <= config.max_num_draft_tokens:
+        raise InvalidRequestError(
+            f"num_draft_tokens must be in [0, {config.max_num_draft_tokens}] (0 turns speculation off), got {k}"
+        )
+    return GenerationParams(prompt_ids, max_new, k, _check_stop(list(request.stop), config))
+
+
+def _check_sampling(request: gateway_pb2.GenerateRequest) -> None:
+    t = request.temperature
+    if math.isnan(t) or t < 0:
+        raise InvalidRequestError(f"temperature must be >= 0, got {t}")
+    if t > 0:
+        raise InvalidRequestError(
+            f"temperature {t} asks for sampling, which this gateway does not support yet; use temperature 0 (greedy)"
+        )
+
+
+def _tokenize(request: gateway_pb2.GenerateRequest, tokenizer: PreTrainedTokenizerBase) -> list[int]:
+    kind = request.WhichOneof("input")
+    if kind == "prompt":
+        if not request.prompt:
+            raise InvalidRequestError("prompt is empty; send some text")
+        return list(tokenizer.encode(request.prompt))
+    if kind == "chat":
+        messages = [{"role": m.role, "content": m.content} for m in request.chat.messages]
+        if not messages:
+            raise InvalidRequestError("chat has no messages; send at least one")
+        bad = [m["role"] for m in messages if m["role"] not in CHAT_ROLES]
+        if bad:
+            raise InvalidRequestError(f"unknown chat role {bad[0]!r}; use one of {', '.join(CHAT_ROLES)}")
+        if tokenizer.chat_template is None:
+            raise InvalidRequestError("the target model has no chat template; send a plain prompt instead")
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return list(tokenizer.encode(text, add_special_tokens=False))
+    raise InvalidRequestError("the request has no input; set prompt or chat")
+
+
+def _check_stop(stop: list[str], config: GatewayConfig) -> list[str]:
+    if len(stop) > config.max_stop_strings:
+        raise InvalidRequestError(f"at most {config.max_stop_strings} stop strings, got {len(stop)}")
+    if any(not s or len(s) > config.max_stop_string_chars for s in stop):
+        raise InvalidRequestError(f"stop strings must be 1 to {config.max_stop_string_chars} characters long")
+    return stop

@@ -1,0 +1,1 @@
+"""specdec: speculative decoding served as three gRPC services (gateway, draft, target)."""

@@ -1,0 +1,53 @@
+"""Command-line flags shared by the service entry points; every flag has an env-var default."""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+from pathlib import Path
+
+import torch
+
+from engine.model_runner import RuntimeConfig
+
+
+def env_default(prefix: str, name: str, default: str | int | None) -> str | int | None:
+    return os.environ.get(f"{prefix}_{name.upper().replace('-', '_')}", default)
+
+
+def add_server_args(parser: argparse.ArgumentParser, prefix: str, default_port: int) -> None:
+    env = lambda name, default: env_default(prefix, name, default)  # noqa: E731
+    parser.add_argument("--host", default=env("host", "127.0.0.1"), help="address to bind (0.0.0.0 in containers)")
+    parser.add_argument("--port", type=int, default=env("port", default_port), help="port; 0 picks a free one")
+    parser.add_argument("--ready-file", type=Path, default=env("ready_file", None),
+                        help="write HOST:PORT here once serving (for launchers)")
+    parser.add_argument("--log-level", default=env("log_level", "INFO"))
+
+
+def add_runtime_args(parser: argparse.ArgumentParser, prefix: str, default_model: str) -> None:
+    env = lambda name, default: env_default(prefix, name, default)  # noqa: E731
+    parser.add_argument("--model", default=env("model", default_model),
+                        help="HF hub id, local directory, .gguf file, or package:MODULE/FILE")
+    parser.add_argument("--device", default=env("device", "cuda" if torch.cuda.is_available() else "cpu"))
+    parser.add_argument("--dtype", default=env("dtype", None), help="float32 (CPU default) or bfloat16 (GPU default)")
+    parser.add_argument("--max-model-len", type=int, default=env("max_model_len", None))
+    parser.add_argument("--kv-cache-tokens", type=int, default=env("kv_cache_tokens", 65536))
+    parser.add_argument("--max-batch-size", type=int, default=env("max_batch_size", 64))
+    parser.add_argument("--num-threads", type=int, default=env("num_threads", None), help="torch CPU threads")
+
+
+def runtime_config(args: argparse.Namespace) -> RuntimeConfig:
+    if args.num_threads:
+        torch.set_num_threads(int(args.num_threads))
+    dtype = args.dtype or ("bfloat16" if str(args.device).startswith("cuda") else "float32")
+    return RuntimeConfig(
+        model=args.model,
+        device=args.device,
+        dtype=dtype,
+        max_model_len=int(args.max_model_len) if args.max_model_len else None,
+        kv_cache_tokens=int(args.kv_cache_tokens),
+    )
+
+
+def setup_logging(level: str) -> None:
+    logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -1,0 +1,155 @@
+"""gRPC plumbing shared by the three services: server start with health and reflection, the one
+interceptor that maps domain errors to status codes, and channel options."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from specdec.errors import (
+    CapacityError,
+    IncompatibleModelsError,
+    InvalidRequestError,
+    ServiceUnavailableError,
+    SpecdecError,
+    UnsupportedModelError,
+)
+
+log = logging.getLogger(__name__)
+
+STATUS_OF_ERROR: dict[type[SpecdecError], grpc.StatusCode] = {
+    InvalidRequestError: grpc.StatusCode.INVALID_ARGUMENT,
+    CapacityError: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    IncompatibleModelsError: grpc.StatusCode.FAILED_PRECONDITION,
+    UnsupportedModelError: grpc.StatusCode.FAILED_PRECONDITION,
+    ServiceUnavailableError: grpc.StatusCode.UNAVAILABLE,
+}
+
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # tokenizer files of large vocabularies reach ~10 MB
+SERVER_OPTIONS = [
+    ("grpc.so_reuseport", 0),  # a stale server must not silently share our port
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+]
+# Spread new streams over every address the name resolves to (compose DNS lists all replicas).
+CHANNEL_OPTIONS = [
+    ("grpc.lb_policy_name", "round_robin"),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+]
+
+
+def status_of(error: Exception) -> tuple[grpc.StatusCode, str] | None:
+    """The status a failed RPC should end with, or None for an unexpected error (a bug)."""
+    if isinstance(error, grpc.aio.AioRpcError):  # a backend's status passes through
+        return error.code(), f"backend: {error.details()}"
+    for error_type, code in STATUS_OF_ERROR.items():
+        if isinstance(error, error_type):
+            return code, str(error)
+    return None
+
+
+class ErrorInterceptor(grpc.aio.ServerInterceptor):
+    """Ends RPCs that raised a SpecdecError (or a backend's error) with the matching status."""
+
+    async def intercept_service(
+        self, continuation: Callable, handler_call_details: grpc.HandlerCallDetails
+    ) -> grpc.RpcMethodHandler | None:
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return None
+        serializers = dict(request_deserializer=handler.request_deserializer,
+                           response_serializer=handler.response_serializer)
+        if handler.unary_unary:
+            return grpc.unary_unary_rpc_method_handler(_wrap_unary(handler.unary_unary), **serializers)
+        if handler.unary_stream:
+            return grpc.unary_stream_rpc_method_handler(_wrap_stream(handler.unary_stream), **serializers)
+        if handler.stream_stream:
+            return grpc.stream_stream_rpc_method_handler(_wrap_stream(handler.stream_stream), **serializers)
+        return handler
+
+
+async def _abort_on(error: Exception, context: grpc.aio.ServicerContext) -> None:
+    status = status_of(error)
+    if status is None:
+        log.exception("unexpected error in %s", type(error).__name__, exc_info=error)
+        await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(error).__name__}: {error}")
+    await context.abort(*status)
+
+
+def _wrap_unary(behavior: Callable) -> Callable:
+    async def wrapped(request, context):
+        try:
+            return await behavior(request, context)
+        except (SpecdecError, grpc.aio.AioRpcError) as e:
+            await _abort_on(e, context)
+
+    return wrapped
+
+
+def _wrap_stream(behavior: Callable) -> Callable:
+    async def wrapped(request, context):
+        try:
+            async for response in behavior(request, context):
+                yield response
+        except (SpecdecError, grpc.aio.AioRpcError) as e:
+            await _abort_on(e, context)
+
+    return wrapped
+
+
+@dataclass
+class RunningServer:
+    server: grpc.aio.Server
+    port: int
+    health: health.aio.HealthServicer
+
+    async def stop(self, grace_s: float = 2.0) -> None:
+        await self.health.enter_graceful_shutdown()
+        await self.server.stop(grace_s)
+
+
+async def start_server(
+    register: Callable[[grpc.aio.Server], None],
+    service_names: list[str],
+    host: str,
+    port: int,
+    ready_file: Path | None = None,
+) -> RunningServer:
+    """Starts an asyncio gRPC server with our services, grpc.health.v1 and reflection."""
+    server = grpc.aio.server(interceptors=[ErrorInterceptor()], options=SERVER_OPTIONS)
+    register(server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection([*service_names, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
+    bound = server.add_insecure_port(f"{host}:{port}")
+    if bound == 0:
+        raise OSError(f"cannot bind {host}:{port}")
+    await server.start()
+    for name in ["", *service_names]:
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    if ready_file is not None:  # launchers wait for this file to learn the port
+        tmp = ready_file.with_name(ready_file.name + ".tmp")
+        tmp.write_text(f"{host}:{bound}\n")
+        os.replace(tmp, ready_file)
+    log.info("serving %s on %s:%d", ", ".join(service_names), host, bound)
+    return RunningServer(server, bound, health_servicer)
+
+
+async def serve_until_signal(start: Callable[[], Awaitable]) -> None:
+    """Runs a server made by `start()` until SIGINT/SIGTERM, then stops it gracefully."""
+    server = await start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await server.stop()

@@ -1,0 +1,1 @@
+"""The target service: serves the large model's prefill and verify over gRPC."""

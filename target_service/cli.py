@@ -1,0 +1,21 @@
+"""`specdec-target`: serve the target model."""
+from __future__ import annotations
+
+import argparse
+
+from engine.model_source import DEFAULT_MODEL
+from specdec.cli_args import add_runtime_args, add_server_args, runtime_config, setup_logging
+from target_service.server import run
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="specdec-target", description=__doc__)
+    add_server_args(parser, "SPECDEC_TARGET", default_port=50052)
+    add_runtime_args(parser, "SPECDEC_TARGET", DEFAULT_MODEL)
+    args = parser.parse_args(argv)
+    setup_logging(args.log_level)
+    run(args, runtime_config(args))
+
+
+if __name__ == "__main__":
+    main()

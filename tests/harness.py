@@ -1,0 +1,44 @@
+"""Runs real gRPC services in-process on loopback (port 0), on an event loop in a thread, so
+tests can drive them with ordinary blocking stubs."""
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Coroutine
+from typing import Any
+
+import grpc
+
+from specdec.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
+
+
+class LoopThread:
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self._thread.start()
+
+    def run(self, coro: Coroutine, timeout_s: float = 300) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout_s)
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(10)
+
+
+def channel(port: int) -> grpc.Channel:
+    return grpc.insecure_channel(f"127.0.0.1:{port}")
+
+
+def generate(stub: gateway_pb2_grpc.GatewayStub, **fields) -> tuple[list[int], str, gateway_pb2.GenerateResponse]:
+    """Runs Generate to the end; returns (token ids, text, final chunk)."""
+    token_ids, text, final = [], "", None
+    for chunk in stub.Generate(gateway_pb2.GenerateRequest(**fields), timeout=120):
+        token_ids += chunk.token_ids
+        text += chunk.text
+        final = chunk
+    return token_ids, text, final
+
+
+def kv_blocks_used(stub) -> int:
+    return stub.GetEngineStats(common_pb2.EngineStatsRequest()).num_kv_blocks_used
