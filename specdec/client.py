@@ -1,0 +1,86 @@
+"""`specdec-client`: stream one Generate call to the terminal (or as JSON lines)."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass
+
+import grpc
+from google.protobuf.json_format import MessageToDict
+
+from specdec.v1 import gateway_pb2, gateway_pb2_grpc
+
+
+@dataclass(frozen=True)
+class Completion:
+    token_ids: list[int]
+    text: str
+    final: gateway_pb2.GenerateResponse
+
+
+def build_request(prompt: str, chat: bool, max_new_tokens: int | None, num_draft_tokens: int | None,
+                  stop: list[str]) -> gateway_pb2.GenerateRequest:
+    request = gateway_pb2.GenerateRequest(stop=stop)
+    if chat:
+        request.chat.messages.add(role="user", content=prompt)
+    else:
+        request.prompt = prompt
+    if max_new_tokens is not None:
+        request.max_new_tokens = max_new_tokens
+    if num_draft_tokens is not None:
+        request.num_draft_tokens = num_draft_tokens
+    return request
+
+
+def stream(address: str, request: gateway_pb2.GenerateRequest, on_chunk=None, timeout_s: float = 600) -> Completion:
+    """Runs Generate; calls on_chunk(chunk) for each chunk; returns the whole completion."""
+    token_ids, text, final = [], "", None
+    with grpc.insecure_channel(address) as channel:
+        for chunk in gateway_pb2_grpc.GatewayStub(channel).Generate(request, timeout=timeout_s):
+            token_ids += chunk.token_ids
+            text += chunk.text
+            final = chunk
+            if on_chunk is not None:
+                on_chunk(chunk)
+    return Completion(token_ids, text, final)
+
+
+def format_stats(final: gateway_pb2.GenerateResponse) -> str:
+    s = final.stats
+    reason = gateway_pb2.FinishReason.Name(final.finish_reason).removeprefix("FINISH_REASON_").lower()
+    return (f"finish={reason} prompt={s.num_prompt_tokens} completion={s.num_completion_tokens} tokens | "
+            f"drafted={s.num_draft_tokens} accepted={s.num_accepted_tokens} "
+            f"acceptance={s.acceptance_rate:.2f} mean_accepted_len={s.mean_accepted_len:.2f} | "
+            f"ttft={s.time_to_first_token_s * 1000:.0f} ms {s.tokens_per_s:.1f} tok/s")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="specdec-client", description=__doc__)
+    parser.add_argument("prompt")
+    parser.add_argument("--address", default="127.0.0.1:50051", help="the gateway")
+    parser.add_argument("--chat", action="store_true", help="send the prompt as a user chat message")
+    parser.add_argument("--max-new-tokens", type=int)
+    parser.add_argument("-k", "--num-draft-tokens", type=int, help="draft tokens per step; 0 = no speculation")
+    parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    parser.add_argument("--json", action="store_true", help="one JSON object per chunk on stdout")
+    args = parser.parse_args(argv)
+    request = build_request(args.prompt, args.chat, args.max_new_tokens, args.num_draft_tokens, args.stop)
+
+    def show(chunk: gateway_pb2.GenerateResponse) -> None:
+        if args.json:
+            print(json.dumps(MessageToDict(chunk, preserving_proto_field_name=True)), flush=True)
+        else:
+            print(chunk.text, end="", flush=True)
+
+    try:
+        completion = stream(args.address, request, show)
+    except grpc.RpcError as e:
+        print(f"\nspecdec-client: {e.code().name}: {e.details()}", file=sys.stderr)
+        sys.exit(1)
+    if not args.json:
+        print("\n" + format_stats(completion.final), file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

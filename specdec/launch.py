@@ -1,0 +1,135 @@
+"""`specdec-launch`: start target, draft and gateway as local processes, wait until they are
+healthy, then serve until Ctrl-C (or, with --demo, stream one chat answer and stop)."""
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from engine.model_source import DEFAULT_MODEL
+from specdec.client import build_request, format_stats, stream
+
+
+@dataclass
+class Service:
+    name: str
+    process: subprocess.Popen
+    ready_file: Path
+
+    def address(self) -> str:
+        return self.ready_file.read_text().strip()
+
+
+class Trio:
+    """The three services as child processes; `stop()` ends each by its PID."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.services: list[Service] = []
+
+    def spawn(self, name: str, module: str, args: list[str]) -> Service:
+        ready_file = self.workdir / f"{name}.addr"
+        command = [sys.executable, "-m", module, "--port", "0", "--ready-file", str(ready_file), *args]
+        service = Service(name, subprocess.Popen(command), ready_file)
+        self.services.append(service)
+        return service
+
+    def wait_ready(self, service: Service, timeout_s: float) -> str:
+        """Waits for the ready file, then for grpc.health.v1 to answer SERVING."""
+        deadline = time.monotonic() + timeout_s
+        while not service.ready_file.exists():
+            if service.process.poll() is not None:
+                raise RuntimeError(f"{service.name} exited with code {service.process.returncode}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{service.name} did not start within {timeout_s:.0f} s")
+            time.sleep(0.1)
+        address = service.address()
+        with grpc.insecure_channel(address) as channel:
+            response = health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(), timeout=timeout_s, wait_for_ready=True)
+        if response.status != health_pb2.HealthCheckResponse.SERVING:
+            raise RuntimeError(f"{service.name} at {address} is not serving")
+        return address
+
+    def stop(self, timeout_s: float = 10) -> None:
+        for service in reversed(self.services):
+            if service.process.poll() is None:
+                service.process.send_signal(signal.SIGTERM)
+        for service in self.services:
+            try:
+                service.process.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                service.process.kill()
+                service.process.wait()
+
+
+def start_trio(args: argparse.Namespace, workdir: Path) -> tuple[Trio, str]:
+    trio = Trio(workdir)
+    common = ["--log-level", args.log_level]
+    target = trio.spawn("target", "target_service", ["--model", args.target_model, *common])
+    draft_args = ["--drafter", args.drafter, *common]
+    if args.draft_model:
+        draft_args += ["--model", args.draft_model]
+    draft = trio.spawn("draft", "draft_service", draft_args)
+    print(f"specdec-launch: loading models (target {args.target_model}, draft {args.drafter}) ...", file=sys.stderr)
+    target_address = trio.wait_ready(target, args.timeout_s)
+    draft_address = trio.wait_ready(draft, args.timeout_s)
+    gateway = trio.spawn("gateway", "gateway", [
+        "--target", target_address, "--draft", draft_address,
+        "--num-draft-tokens", str(args.num_draft_tokens), *common,
+    ])
+    return trio, trio.wait_ready(gateway, args.timeout_s)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="specdec-launch", description=__doc__)
+    parser.add_argument("--target-model", default=os.environ.get("SPECDEC_TARGET_MODEL", DEFAULT_MODEL))
+    parser.add_argument("--drafter", choices=["ngram", "model"], default=os.environ.get("SPECDEC_DRAFTER", "ngram"))
+    parser.add_argument("--draft-model", default=os.environ.get("SPECDEC_DRAFT_MODEL"))
+    parser.add_argument("-k", "--num-draft-tokens", type=int, default=2)
+    parser.add_argument("--demo", metavar="PROMPT", help="stream one chat answer, print its stats, stop")
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--timeout-s", type=float, default=600)
+    parser.add_argument("--log-level", default="WARNING")
+    args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM stops the children too, like Ctrl-C
+    with tempfile.TemporaryDirectory(prefix="specdec-") as tmp:
+        trio, gateway_address = None, None
+        try:
+            trio, gateway_address = start_trio(args, Path(tmp))
+            print(f"specdec-launch: gateway ready at {gateway_address}", file=sys.stderr)
+            if args.demo:
+                run_demo(gateway_address, args)
+            else:
+                while True:
+                    time.sleep(3600)
+        except KeyboardInterrupt:
+            pass
+        finally:
+            if trio is not None:
+                trio.stop()
+                print("specdec-launch: stopped all services", file=sys.stderr)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def run_demo(address: str, args: argparse.Namespace) -> None:
+    print(f"\n>>> {args.demo}\n", file=sys.stderr)
+    request = build_request(args.demo, chat=True, max_new_tokens=args.max_new_tokens, num_draft_tokens=None, stop=[])
+    completion = stream(address, request, lambda chunk: print(chunk.text, end="", flush=True))
+    print("\n\n" + format_stats(completion.final), file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

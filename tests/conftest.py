@@ -1,0 +1,126 @@
+"""Session fixtures: tiny random models on disk and the real services on loopback (port 0)."""
+from __future__ import annotations
+
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from draft_service.server import start_draft_server  # noqa: E402
+from engine.model_drafter import ModelDrafter  # noqa: E402
+from engine.model_runner import ModelRunner, RuntimeConfig  # noqa: E402
+from engine.ngram_drafter import NgramDrafter  # noqa: E402
+from gateway.config import GatewayConfig  # noqa: E402
+from gateway.server import start_gateway_server  # noqa: E402
+from harness import LoopThread, channel  # noqa: E402
+from specdec.v1 import draft_pb2_grpc, gateway_pb2_grpc, target_pb2_grpc  # noqa: E402
+from target_service.server import start_target_server  # noqa: E402
+from tiny_models import build_model_dir, build_tokenizer  # noqa: E402
+
+DRAFTS = ("identical", "perturbed", "unrelated", "ngram")
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    return build_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def model_dirs(tmp_path_factory, tokenizer) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("models")
+    target = build_model_dir(root / "target", tokenizer, seed=0)
+    return {
+        "target": target,
+        "identical": target,
+        "perturbed": build_model_dir(root / "perturbed", tokenizer, seed=1, perturb_from=target, perturb_scale=0.05),
+        "unrelated": build_model_dir(root / "unrelated", tokenizer, seed=2),
+        "other_tokenizer": build_model_dir(root / "other_tok", build_tokenizer(vocab_size=330), seed=3),
+    }
+
+
+@pytest.fixture(scope="session")
+def loop():
+    thread = LoopThread()
+    yield thread
+    thread.close()
+
+
+def _runner(path: Path, kv_cache_tokens: int = 8192) -> ModelRunner:
+    return ModelRunner(RuntimeConfig(model=str(path), kv_cache_tokens=kv_cache_tokens))
+
+
+@pytest.fixture(scope="session")
+def target_server(loop, model_dirs):
+    server = loop.run(start_target_server(_runner(model_dirs["target"])))
+    yield server
+    loop.run(server.stop())
+
+
+@pytest.fixture(scope="session")
+def draft_servers(loop, model_dirs):
+    drafters = {name: ModelDrafter(_runner(model_dirs[name])) for name in DRAFTS if name != "ngram"}
+    drafters["ngram"] = NgramDrafter()
+    servers = {name: loop.run(start_draft_server(d)) for name, d in drafters.items()}
+    yield servers
+    for server in servers.values():
+        loop.run(server.stop())
+
+
+@pytest.fixture(scope="session")
+def gateways(loop, target_server, draft_servers):
+    """Gateway port by drafter name; "none" is a gateway without a draft service."""
+    target = f"127.0.0.1:{target_server.port}"
+    servers = {name: loop.run(start_gateway_server(GatewayConfig(target, f"127.0.0.1:{s.port}")))
+               for name, s in draft_servers.items()}
+    servers["none"] = loop.run(start_gateway_server(GatewayConfig(target, None)))
+    yield {name: s.port for name, s in servers.items()}
+    for server in servers.values():
+        loop.run(server.stop())
+
+
+@pytest.fixture(scope="session")
+def gateway_stub(gateways):
+    channels = {name: channel(port) for name, port in gateways.items()}
+    yield lambda name="perturbed": gateway_pb2_grpc.GatewayStub(channels[name])
+    for c in channels.values():
+        c.close()
+
+
+@pytest.fixture(scope="session")
+def target_stub(target_server):
+    with channel(target_server.port) as c:
+        yield target_pb2_grpc.TargetServiceStub(c)
+
+
+@pytest.fixture(scope="session")
+def draft_stub(draft_servers):
+    channels = {name: channel(s.port) for name, s in draft_servers.items()}
+    yield lambda name="perturbed": draft_pb2_grpc.DraftServiceStub(channels[name])
+    for c in channels.values():
+        c.close()
+
+
+@pytest.fixture(scope="session")
+def hf_greedy(model_dirs, tokenizer):
+    """The reference: Hugging Face `generate` (greedy) on the target, EOS excluded."""
+    model = AutoModelForCausalLM.from_pretrained(model_dirs["target"], dtype=torch.float32).eval()
+
+    def run(prompt_ids: list[int], max_new_tokens: int) -> list[int]:
+        with torch.no_grad():
+            out = model.generate(torch.tensor([prompt_ids]), max_new_tokens=max_new_tokens, do_sample=False,
+                                 eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+        generated = out[0, len(prompt_ids):].tolist()
+        return generated[: generated.index(tokenizer.eos_token_id)] if tokenizer.eos_token_id in generated else generated
+
+    return run
+
+
+@pytest.fixture(scope="session")
+def pool():
+    with ThreadPoolExecutor(max_workers=8) as executor:
+        yield executor

@@ -1,0 +1,75 @@
+"""Start-up checks (incompatible pairs) and running out of KV cache."""
+from __future__ import annotations
+
+import grpc
+import pytest
+
+from draft_service.server import start_draft_server
+from engine.model_drafter import ModelDrafter
+from engine.model_runner import ModelRunner, RuntimeConfig
+from gateway.config import GatewayConfig
+from gateway.server import start_gateway_server
+from harness import channel, generate
+from specdec.errors import IncompatibleModelsError, ServiceUnavailableError
+from specdec.v1 import common_pb2, gateway_pb2_grpc, target_pb2_grpc
+from target_service.server import start_target_server
+
+
+def test_gateway_refuses_a_draft_with_another_tokenizer(loop, model_dirs, target_server):
+    draft = loop.run(start_draft_server(ModelDrafter(ModelRunner(RuntimeConfig(model=str(model_dirs["other_tokenizer"]))))))
+    try:
+        config = GatewayConfig(f"127.0.0.1:{target_server.port}", f"127.0.0.1:{draft.port}")
+        with pytest.raises(IncompatibleModelsError, match="use different tokenizers.*vocab sizes 330 vs 400"):
+            loop.run(start_gateway_server(config))
+    finally:
+        loop.run(draft.stop())
+
+
+def test_gateway_start_fails_clearly_when_the_target_is_unreachable(loop):
+    config = GatewayConfig("127.0.0.1:1", None, connect_timeout_s=0.5)
+    with pytest.raises(ServiceUnavailableError, match="cannot reach a model service"):
+        loop.run(start_gateway_server(config))
+
+
+def test_model_info_describes_the_served_models(target_stub, draft_stub, model_dirs):
+    target = target_stub.GetModelInfo(common_pb2.ModelInfoRequest())
+    draft = draft_stub("identical").GetModelInfo(common_pb2.ModelInfoRequest())
+    ngram = draft_stub("ngram").GetModelInfo(common_pb2.ModelInfoRequest())
+    assert target.model_id == str(model_dirs["target"])
+    assert (target.vocab_size, target.max_model_len, target.architecture) == (400, 256, "llama")
+    assert target.tokenizer_fingerprint == draft.tokenizer_fingerprint != ""
+    assert ngram.tokenizer_fingerprint == "" and ngram.architecture == "ngram"
+
+
+def test_request_larger_than_the_kv_pool_gets_resource_exhausted(loop, model_dirs):
+    runner = ModelRunner(RuntimeConfig(model=str(model_dirs["target"]), kv_cache_tokens=32))
+    target = loop.run(start_target_server(runner))
+    gateway = loop.run(start_gateway_server(GatewayConfig(f"127.0.0.1:{target.port}", None)))
+    try:
+        with channel(gateway.port) as c, pytest.raises(grpc.RpcError) as info:
+            generate(gateway_pb2_grpc.GatewayStub(c), prompt="The quick brown fox " * 6, max_new_tokens=40)
+        assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "KV cache is full" in info.value.details()
+        with channel(target.port) as c:  # nothing leaked, and a small request still fits
+            assert target_pb2_grpc.TargetServiceStub(c).GetEngineStats(common_pb2.EngineStatsRequest()).num_kv_blocks_used == 0
+        with channel(gateway.port) as c:
+            token_ids, _, _ = generate(gateway_pb2_grpc.GatewayStub(c), prompt="hi", max_new_tokens=4)
+        assert len(token_ids) > 0
+    finally:
+        loop.run(gateway.stop())
+        loop.run(target.stop())
+
+
+def test_health_and_reflection_are_served(target_server, gateways):
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+    from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+    for port in (target_server.port, gateways["perturbed"]):
+        with channel(port) as c:
+            status = health_pb2_grpc.HealthStub(c).Check(health_pb2.HealthCheckRequest(), timeout=5).status
+            assert status == health_pb2.HealthCheckResponse.SERVING
+            request = reflection_pb2.ServerReflectionRequest(list_services="")
+            [response] = list(reflection_pb2_grpc.ServerReflectionStub(c).ServerReflectionInfo(iter([request])))
+            names = {s.name for s in response.list_services_response.service}
+            assert "grpc.health.v1.Health" in names
+            assert names & {"specdec.v1.TargetService", "specdec.v1.Gateway"}

@@ -1,0 +1,82 @@
+"""DraftSequence.reconcile and the request checks shared by every drafter."""
+from __future__ import annotations
+
+import pytest
+
+from engine.drafter import DraftSequence, check_propose, check_start
+from specdec.errors import InvalidRequestError
+
+
+def proposed(committed: list[int], proposal: list[int]) -> DraftSequence:
+    return DraftSequence(token_ids=committed + proposal, num_proposed=len(proposal))
+
+
+def test_partial_accept_keeps_accepted_drops_rest():
+    seq = proposed([1, 2, 3], [10, 11, 12])
+    num_kept = seq.reconcile(1, [20])
+    assert num_kept == 4  # 3 committed + 1 accepted
+    assert seq.token_ids == [1, 2, 3, 10, 20]
+    assert seq.num_proposed == 0
+
+
+def test_all_accepted():
+    seq = proposed([1, 2], [10, 11, 12])
+    num_kept = seq.reconcile(3, [13])  # the bonus token follows the whole proposal
+    assert num_kept == 5
+    assert seq.token_ids == [1, 2, 10, 11, 12, 13]
+    assert seq.num_proposed == 0
+
+
+def test_none_accepted():
+    seq = proposed([1, 2], [10, 11])
+    num_kept = seq.reconcile(0, [30])
+    assert num_kept == 2
+    assert seq.token_ids == [1, 2, 30]
+
+
+def test_no_open_proposal():
+    seq = DraftSequence(token_ids=[1, 2, 3])
+    assert seq.reconcile(0, [4, 5]) == 3
+    assert seq.token_ids == [1, 2, 3, 4, 5]
+
+
+@pytest.mark.parametrize("num_accepted", [-1, 3])
+def test_num_accepted_out_of_range_raises(num_accepted):
+    seq = proposed([1], [10, 11])
+    with pytest.raises(InvalidRequestError, match="num_accepted_draft_tokens"):
+        seq.reconcile(num_accepted, [5])
+    assert seq.token_ids == [1, 10, 11]  # unchanged
+    assert seq.num_proposed == 2
+
+
+def test_empty_append_ids_raises():
+    seq = proposed([1], [10, 11])
+    with pytest.raises(InvalidRequestError, match="append_ids"):
+        seq.reconcile(1, [])
+    assert seq.token_ids == [1, 10, 11]
+    assert seq.num_proposed == 2
+
+
+def test_check_start_accepts_fitting_request():
+    check_start([1, 2, 3], 5, max_model_len=8)
+
+
+@pytest.mark.parametrize("prompt_ids, max_new_tokens, match", [
+    ([], 4, "prompt_ids is empty"),
+    ([1], 0, "max_new_tokens"),
+    ([1, 2, 3], 6, "exceeds"),
+])
+def test_check_start_rejects(prompt_ids, max_new_tokens, match):
+    with pytest.raises(InvalidRequestError, match=match):
+        check_start(prompt_ids, max_new_tokens, max_model_len=8)
+
+
+@pytest.mark.parametrize("num_draft_tokens", [1, 4])
+def test_check_propose_in_range(num_draft_tokens):
+    check_propose(num_draft_tokens, max_draft_tokens=4)
+
+
+@pytest.mark.parametrize("num_draft_tokens", [0, -1, 5])
+def test_check_propose_out_of_range(num_draft_tokens):
+    with pytest.raises(InvalidRequestError, match=r"\[1, 4\]"):
+        check_propose(num_draft_tokens, max_draft_tokens=4)
