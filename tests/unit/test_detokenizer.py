@@ -1,0 +1,146 @@
+"""IncrementalDetokenizer over the tiny byte-level BPE tokenizer (emoji and CJK split across tokens)."""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from gateway.detokenizer import IncrementalDetokenizer
+
+TEXTS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "東京 and 北京",
+    "こんにちは🙂",
+    "🙂🚀 café naïve",
+    "Große Straße",
+    "x 🙂y",
+    "🙂🙂🙂🙂",
+    "a . b , c ! ?",
+    "def add(a, b):\n    return a + b\n",
+    "👍🏽 — € Œ",
+]
+
+
+def encode(tokenizer, text: str) -> list[int]:
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+def stream(tokenizer, prompt_ids: list[int], ids: list[int]) -> tuple[list[str], str]:
+    detok = IncrementalDetokenizer(tokenizer, prompt_ids)
+    deltas = [detok.add(i) for i in ids]
+    return deltas, detok.flush()
+
+
+def test_emoji_is_split_across_tokens(tokenizer):
+    # precondition for the multi-byte tests: the tokenizer really splits characters
+    ids = encode(tokenizer, "🙂")
+    assert len(ids) > 1
+    assert "\ufffd" in tokenizer.decode(ids[:1])
+
+
+@pytest.mark.parametrize("text", TEXTS)
+def test_streamed_text_equals_full_decode(tokenizer, text):
+    ids = encode(tokenizer, text)
+    assert tokenizer.decode(ids) == text
+    deltas, tail = stream(tokenizer, [], ids)
+    assert "".join(deltas) + tail == text
+    assert tail == ""  # complete text leaves nothing behind
+
+
+@pytest.mark.parametrize("text", TEXTS)
+def test_no_delta_contains_replacement_char(tokenizer, text):
+    deltas, tail = stream(tokenizer, [], encode(tokenizer, text))
+    assert not any("\ufffd" in d for d in deltas + [tail])
+
+
+def test_emoji_emitted_whole(tokenizer):
+    ids = encode(tokenizer, "🙂")
+    deltas, _ = stream(tokenizer, [], ids)
+    assert deltas[:-1] == [""] * (len(ids) - 1)
+    assert deltas[-1] == "🙂"
+
+
+def test_character_split_across_token_boundary(tokenizer):
+    # "ß" in "Straße" spans two tokens: nothing is emitted until it is complete
+    prompt = encode(tokenizer, "Große")
+    ids = encode(tokenizer, " Straße")
+    pieces = [tokenizer.decode([i]) for i in ids]
+    assert any("\ufffd" in p for p in pieces)  # precondition
+    deltas, tail = stream(tokenizer, prompt, ids)
+    assert "".join(deltas) + tail == " Straße"
+    assert "ß" in "".join(deltas)
+
+
+@pytest.mark.parametrize("prompt, completion", [
+    ("Hello", " world"),
+    ("The quick", " brown fox"),
+    ("東京", " and 北京"),
+    ("café", " naïve 🙂"),
+])
+def test_prompt_context_leading_space(tokenizer, prompt, completion):
+    prompt_ids = encode(tokenizer, prompt)
+    ids = encode(tokenizer, prompt + completion)[len(prompt_ids):]
+    assert encode(tokenizer, prompt + completion)[: len(prompt_ids)] == prompt_ids  # precondition
+    deltas, tail = stream(tokenizer, prompt_ids, ids)
+    text = "".join(deltas) + tail
+    assert text == completion
+    assert text.startswith(" ")
+    full = tokenizer.decode(prompt_ids + ids)
+    assert text == full[len(tokenizer.decode(prompt_ids)):]
+
+
+def test_long_prompt(tokenizer):
+    prompt_ids = encode(tokenizer, "The quick brown fox jumps over the lazy dog. " * 3)
+    ids = encode(tokenizer, "東京🙂 done")
+    deltas, tail = stream(tokenizer, prompt_ids, ids)
+    assert "".join(deltas) + tail == "東京🙂 done"
+
+
+def test_every_prompt_split(tokenizer):
+    text = "café 東京 🙂🚀 Große naïve"
+    all_ids = encode(tokenizer, text)
+    for cut in range(len(all_ids)):
+        prompt_ids, ids = all_ids[:cut], all_ids[cut:]
+        if "\ufffd" in tokenizer.decode(prompt_ids):
+            continue  # a prompt ending mid-character is not valid text on its own
+        deltas, tail = stream(tokenizer, prompt_ids, ids)
+        expected = tokenizer.decode(all_ids)[len(tokenizer.decode(prompt_ids)):]
+        assert "".join(deltas) + tail == expected, cut
+        assert not any("\ufffd" in d for d in deltas), cut
+
+
+def test_random_unicode_strings(tokenizer):
+    alphabet = list("abc xyz.,!\n") + list("東京北こんにちはéïßŒ€🙂🚀👍🏽—") + [" quick", "The"]
+    rng = random.Random(1234)
+    for _ in range(200):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(1, 12)))
+        ids = encode(tokenizer, text)
+        deltas, tail = stream(tokenizer, [], ids)
+        assert "".join(deltas) + tail == tokenizer.decode(ids) == text, text
+        assert not any("\ufffd" in d for d in deltas), text
+
+
+def test_truncated_character_is_flushed(tokenizer):
+    ids = encode(tokenizer, "ab🙂")
+    emoji_len = len(encode(tokenizer, "🙂"))
+    cut = ids[: len(ids) - emoji_len + 1]  # "ab" plus the first piece of the emoji
+    deltas, tail = stream(tokenizer, [], cut)
+    assert "".join(deltas) == "ab"
+    assert "".join(deltas) + tail == tokenizer.decode(cut)
+    assert tail.endswith("\ufffd")
+
+
+def test_flush_twice_returns_nothing_more(tokenizer):
+    detok = IncrementalDetokenizer(tokenizer, [])
+    for i in encode(tokenizer, "x 🙂"[:3]):
+        detok.add(i)
+    detok.flush()
+    assert detok.flush() == ""
+
+
+def test_special_tokens_are_skipped(tokenizer):
+    start = tokenizer.convert_tokens_to_ids("<|im_start|>")
+    ids = encode(tokenizer, "ab") + [start] + encode(tokenizer, "cd")
+    deltas, tail = stream(tokenizer, [], ids)
+    assert "".join(deltas) + tail == "abcd"
+    assert deltas[2] == ""
