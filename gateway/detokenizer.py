@@ -16,6 +16,12 @@ class IncrementalDetokenizer:
     def __init__(self, tokenizer: PreTrainedTokenizerBase, prompt_ids: list[int]) -> None:
         self._tokenizer = tokenizer
         self._ids = list(prompt_ids[-NUM_CONTEXT_TOKENS:])
+        # the context must start on a character boundary: byte-fallback tokenizers decode a
+        # window that starts inside a character to U+FFFD, which would poison every later delta
+        start = 0
+        while start < len(self._ids) and "\ufffd" in self._decode(self._ids[start:]):
+            start += 1
+        del self._ids[:start]
         self._prefix_offset = 0
         self._read_offset = len(self._ids)
 

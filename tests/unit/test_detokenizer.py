@@ -1,11 +1,12 @@
-"""IncrementalDetokenizer over the tiny byte-level BPE tokenizer (emoji and CJK split across tokens)."""
+"""IncrementalDetokenizer over tiny byte-level and SentencePiece-style tokenizers (multi-byte
+characters split across tokens; leading spaces that depend on the prompt context)."""
 from __future__ import annotations
 
 import random
 
 import pytest
 
-from gateway.detokenizer import IncrementalDetokenizer
+from gateway.detokenizer import NUM_CONTEXT_TOKENS, IncrementalDetokenizer
 
 TEXTS = [
     "The quick brown fox jumps over the lazy dog.",
@@ -39,7 +40,8 @@ def test_emoji_is_split_across_tokens(tokenizer):
 
 
 @pytest.mark.parametrize("text", TEXTS)
-def test_streamed_text_equals_full_decode(tokenizer, text):
+def test_streamed_text_equals_full_decode(any_tokenizer, text):
+    tokenizer = any_tokenizer
     ids = encode(tokenizer, text)
     assert tokenizer.decode(ids) == text
     deltas, tail = stream(tokenizer, [], ids)
@@ -48,7 +50,8 @@ def test_streamed_text_equals_full_decode(tokenizer, text):
 
 
 @pytest.mark.parametrize("text", TEXTS)
-def test_no_delta_contains_replacement_char(tokenizer, text):
+def test_no_delta_contains_replacement_char(any_tokenizer, text):
+    tokenizer = any_tokenizer
     deltas, tail = stream(tokenizer, [], encode(tokenizer, text))
     assert not any("\ufffd" in d for d in deltas + [tail])
 
@@ -73,11 +76,12 @@ def test_character_split_across_token_boundary(tokenizer):
 
 @pytest.mark.parametrize("prompt, completion", [
     ("Hello", " world"),
-    ("The quick", " brown fox"),
+    ("def add(a, b):", " return"),
     ("東京", " and 北京"),
     ("café", " naïve 🙂"),
 ])
-def test_prompt_context_leading_space(tokenizer, prompt, completion):
+def test_prompt_context_leading_space(any_tokenizer, prompt, completion):
+    tokenizer = any_tokenizer
     prompt_ids = encode(tokenizer, prompt)
     ids = encode(tokenizer, prompt + completion)[len(prompt_ids):]
     assert encode(tokenizer, prompt + completion)[: len(prompt_ids)] == prompt_ids  # precondition
@@ -89,27 +93,46 @@ def test_prompt_context_leading_space(tokenizer, prompt, completion):
     assert text == full[len(tokenizer.decode(prompt_ids)):]
 
 
-def test_long_prompt(tokenizer):
+def test_long_prompt(any_tokenizer):
+    tokenizer = any_tokenizer
     prompt_ids = encode(tokenizer, "The quick brown fox jumps over the lazy dog. " * 3)
     ids = encode(tokenizer, "東京🙂 done")
     deltas, tail = stream(tokenizer, prompt_ids, ids)
-    assert "".join(deltas) + tail == "東京🙂 done"
+    expected = tokenizer.decode(prompt_ids + ids)[len(tokenizer.decode(prompt_ids)):]
+    assert expected.endswith("東京🙂 done")  # SentencePiece: a leading space from the word start
+    assert "".join(deltas) + tail == expected
 
 
-def test_every_prompt_split(tokenizer):
+def mid_character_context(tokenizer, prompt_ids: list[int]) -> bool:
+    """Whether the prompt tokens the detokenizer keeps as context begin inside a character."""
+    return "\ufffd" in tokenizer.decode(prompt_ids[-NUM_CONTEXT_TOKENS:])
+
+
+def has_byte_fallback(tokenizer) -> bool:
+    return "<0xE6>" in tokenizer.get_vocab()
+
+
+def test_every_prompt_split(any_tokenizer):
+    tokenizer = any_tokenizer
     text = "café 東京 🙂🚀 Große naïve"
     all_ids = encode(tokenizer, text)
+    num_checked = 0
     for cut in range(len(all_ids)):
         prompt_ids, ids = all_ids[:cut], all_ids[cut:]
         if "\ufffd" in tokenizer.decode(prompt_ids):
             continue  # a prompt ending mid-character is not valid text on its own
+        if has_byte_fallback(tokenizer) and mid_character_context(tokenizer, prompt_ids):
+            continue  # known bug: test_context_window_starting_mid_character_byte_fallback
+        num_checked += 1
         deltas, tail = stream(tokenizer, prompt_ids, ids)
         expected = tokenizer.decode(all_ids)[len(tokenizer.decode(prompt_ids)):]
         assert "".join(deltas) + tail == expected, cut
         assert not any("\ufffd" in d for d in deltas), cut
+    assert num_checked >= 8
 
 
-def test_random_unicode_strings(tokenizer):
+def test_random_unicode_strings(any_tokenizer):
+    tokenizer = any_tokenizer
     alphabet = list("abc xyz.,!\n") + list("東京北こんにちはéïßŒ€🙂🚀👍🏽—") + [" quick", "The"]
     rng = random.Random(1234)
     for _ in range(200):
@@ -120,13 +143,14 @@ def test_random_unicode_strings(tokenizer):
         assert not any("\ufffd" in d for d in deltas), text
 
 
-def test_truncated_character_is_flushed(tokenizer):
+def test_truncated_character_is_flushed(any_tokenizer):
+    tokenizer = any_tokenizer
     ids = encode(tokenizer, "ab🙂")
-    emoji_len = len(encode(tokenizer, "🙂"))
-    cut = ids[: len(ids) - emoji_len + 1]  # "ab" plus the first piece of the emoji
-    deltas, tail = stream(tokenizer, [], cut)
+    cut = next(i for i in range(1, len(ids)) if tokenizer.decode(ids[:i]).endswith("\ufffd"))
+    truncated = ids[:cut]  # "ab" plus the first piece of the emoji
+    deltas, tail = stream(tokenizer, [], truncated)
     assert "".join(deltas) == "ab"
-    assert "".join(deltas) + tail == tokenizer.decode(cut)
+    assert "".join(deltas) + tail == tokenizer.decode(truncated)
     assert tail.endswith("\ufffd")
 
 
@@ -144,3 +168,28 @@ def test_special_tokens_are_skipped(tokenizer):
     deltas, tail = stream(tokenizer, [], ids)
     assert "".join(deltas) + tail == "abcd"
     assert deltas[2] == ""
+
+
+def test_sentencepiece_word_start_needs_context(sp_tokenizer):
+    # precondition for the leading-space test: decoding "▁world" alone loses the space
+    ids = encode(sp_tokenizer, "Hello world")
+    assert sp_tokenizer.decode(ids[6:]) == "world"
+    assert sp_tokenizer.decode(ids) == "Hello world"
+
+
+def test_sentencepiece_byte_fallback_splits_characters(sp_tokenizer):
+    tokens = sp_tokenizer.convert_ids_to_tokens(encode(sp_tokenizer, "東京"))
+    assert tokens == ["▁", "<0xE6>", "<0x9D>", "<0xB1>", "<0xE4>", "<0xBA>", "<0xAC>"]
+
+
+@pytest.mark.parametrize("prompt, completion", [("東京", "é!"), ("東京", "京")])
+def test_context_window_starting_mid_character_byte_fallback(sp_tokenizer, prompt, completion):
+    prompt_ids = encode(sp_tokenizer, prompt)
+    ids = encode(sp_tokenizer, prompt + completion)[len(prompt_ids):]
+    assert encode(sp_tokenizer, prompt + completion)[: len(prompt_ids)] == prompt_ids
+    # the context window [0x9D, 0xB1, 0xE4, 0xBA, 0xAC] begins inside 東
+    assert mid_character_context(sp_tokenizer, prompt_ids)
+    deltas, tail = stream(sp_tokenizer, prompt_ids, ids)
+    # observed: ['', '', '\ufffd\ufffd!'] + '' and ['', '', ''] + '\ufffd\ufffd\ufffd'
+    assert "".join(deltas) + tail == completion
+    assert not any("\ufffd" in d for d in deltas + [tail])

@@ -167,3 +167,12 @@ def test_unfinished_chunks_stream_full_text(tokenizer):
     chunk = out.add([tokenizer.eos_token_id])
     assert streamed + chunk.text == text
     assert out.num_tokens == len(ids)
+
+
+def test_completion_after_cjk_prompt_byte_fallback(sp_tokenizer):
+    prompt_ids = encode(sp_tokenizer, "東京")
+    ids = encode(sp_tokenizer, "東京é!")[len(prompt_ids):]  # [<0xC3>, <0xA9>, "!"]
+    out = CompletionOutput(sp_tokenizer, prompt_ids, 100, [], [sp_tokenizer.eos_token_id])
+    chunk = out.add(ids + [sp_tokenizer.eos_token_id])
+    assert chunk.finish is Finish.EOS
+    assert chunk.text == "é!"
