@@ -1,8 +1,10 @@
 """CPU benchmark: SmolLM2-135M target-only vs speculative (n-gram draft) through the three services,
-side by side with Hugging Face transformers (plain greedy and its prompt-lookup speculation).
+side by side with Hugging Face transformers (plain greedy, and its prompt-lookup speculation).
 
-Same prompts, same run, greedy, batch 1. Writes bench/results/cpu_smollm2.json.
-Usage: python bench/cpu_smollm2.py [--max-new-tokens 64] [--k 2]
+Same prompts, same run, greedy, batch 1. This VM's speed drifts by tens of percent over minutes,
+so every configuration runs on a prompt before the next prompt starts (interleaved), over several
+rounds. Writes bench/results/cpu_smollm2[_DTYPE].json.
+Usage: python bench/cpu_smollm2.py [--dtype float32|bfloat16] [--k 2] [--sweep 1 3 4]
 """
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import platform
 import sys
 import tempfile
 import time
+from collections import defaultdict
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -39,82 +42,105 @@ PROMPTS = [
 ]
 
 
-def run_trio(address: str, prompts: list[str], max_new_tokens: int, k: int) -> dict[str, float]:
-    tokens = drafted = accepted = verify_steps = verified = 0
+class Totals:
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.counts: dict[str, float] = defaultdict(float)
+
+    def tok_s(self) -> float:
+        return self.counts["tokens"] / self.seconds
+
+    def ratio(self, num: str, den: str) -> float:
+        return self.counts[num] / self.counts[den] if self.counts[den] else 0.0
+
+
+def run_trio(address: str, prompt: str, max_new_tokens: int, k: int, totals: Totals) -> list[int]:
     start = time.perf_counter()
-    for prompt in prompts:
-        final = stream(address, build_request(prompt, True, max_new_tokens, k, [])).final
-        s = final.stats
-        tokens += s.num_completion_tokens
-        drafted += s.num_draft_tokens
-        accepted += s.num_accepted_tokens
-        verify_steps += s.num_verify_steps
-        verified += round(s.mean_accepted_len * s.num_verify_steps)
-    elapsed = time.perf_counter() - start
-    return {"tok_s": tokens / elapsed, "tokens": tokens, "acceptance_rate": accepted / drafted if drafted else 0.0,
-            "mean_accepted_len": verified / verify_steps if verify_steps else 0.0}
+    completion = stream(address, build_request(prompt, True, max_new_tokens, k, []))
+    totals.seconds += time.perf_counter() - start
+    s = completion.final.stats
+    totals.counts["tokens"] += s.num_completion_tokens
+    totals.counts["drafted"] += s.num_draft_tokens
+    totals.counts["accepted"] += s.num_accepted_tokens
+    totals.counts["steps"] += s.num_verify_steps
+    totals.counts["verified"] += round(s.mean_accepted_len * s.num_verify_steps)
+    return completion.token_ids
 
 
-def run_hf(model, tokenizer, prompts: list[str], max_new_tokens: int, prompt_lookup: int | None) -> float:
-    tokens, start = 0, time.perf_counter()
-    for prompt in prompts:
-        text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                             tokenize=False)
-        ids = torch.tensor([tokenizer.encode(text, add_special_tokens=False)])
-        extra = {"prompt_lookup_num_tokens": prompt_lookup} if prompt_lookup else {}
-        with torch.no_grad():
-            out = model.generate(ids, max_new_tokens=max_new_tokens, do_sample=False, **extra)
-        tokens += out.shape[1] - ids.shape[1]
-    return tokens / (time.perf_counter() - start)
+def run_hf(model, tokenizer, prompt: str, max_new_tokens: int, prompt_lookup: int | None, totals: Totals) -> None:
+    text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                         tokenize=False)
+    ids = torch.tensor([tokenizer.encode(text, add_special_tokens=False)])
+    extra = {"prompt_lookup_num_tokens": prompt_lookup} if prompt_lookup else {}
+    start = time.perf_counter()
+    with torch.no_grad():
+        out = model.generate(ids, max_new_tokens=max_new_tokens, do_sample=False, **extra)
+    totals.seconds += time.perf_counter() - start
+    totals.counts["tokens"] += out.shape[1] - ids.shape[1]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--k", type=int, default=2, help="k reported as spec_tok_s")
-    parser.add_argument("--sweep", type=int, nargs="*", default=[1, 2, 3, 4], help="other k values to report")
-    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "cpu_smollm2.json")
+    parser.add_argument("--k", type=int, default=2, help="the k reported as spec_tok_s")
+    parser.add_argument("--sweep", type=int, nargs="*", default=[1, 3, 4], help="other k values to report")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--out", type=Path, default=None, help="default bench/results/cpu_smollm2[_DTYPE].json")
     args = parser.parse_args()
+    ks = sorted({args.k, *args.sweep})
     launch_args = argparse.Namespace(target_model=DEFAULT_MODEL, drafter="ngram", draft_model=None,
-                                     num_draft_tokens=args.k, timeout_s=600, log_level="WARNING")
-    results: dict[str, float] = {}
+                                     num_draft_tokens=args.k, timeout_s=600, log_level="WARNING", dtype=args.dtype)
+    totals = defaultdict(Totals)
+    mismatches = 0
     with tempfile.TemporaryDirectory() as tmp:
         trio, address = start_trio(launch_args, Path(tmp))
         try:
-            run_trio(address, PROMPTS[:1], 8, args.k)  # warm-up
-            target_only = run_trio(address, PROMPTS, args.max_new_tokens, 0)
-            sweep = {k: run_trio(address, PROMPTS, args.max_new_tokens, k) for k in sorted({args.k, *args.sweep})}
+            path = converted_gguf_dir(resolve_path(DEFAULT_MODEL), default_cache_dir())
+            tokenizer = AutoTokenizer.from_pretrained(path)
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, args.dtype)).eval()
+            run_trio(address, PROMPTS[0], 8, args.k, Totals())  # warm-up
+            run_hf(model, tokenizer, PROMPTS[0], 8, None, Totals())
+            for _ in range(args.rounds):
+                for prompt in PROMPTS:
+                    reference = run_trio(address, prompt, args.max_new_tokens, 0, totals["target_only"])
+                    for k in ks:
+                        output = run_trio(address, prompt, args.max_new_tokens, k, totals[f"k{k}"])
+                        mismatches += output != reference
+                    run_hf(model, tokenizer, prompt, args.max_new_tokens, None, totals["hf_greedy"])
+                    run_hf(model, tokenizer, prompt, args.max_new_tokens, args.k, totals["hf_prompt_lookup"])
         finally:
             trio.stop()
-    path = converted_gguf_dir(resolve_path(DEFAULT_MODEL), default_cache_dir())
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    run_hf(model, tokenizer, PROMPTS[:1], 8, None)  # warm-up
-    spec = sweep[args.k]
-    results = {
-        "target_only_tok_s": target_only["tok_s"],
-        "spec_tok_s": spec["tok_s"],
-        "speedup": spec["tok_s"] / target_only["tok_s"],
-        "acceptance_rate": spec["acceptance_rate"],
-        "mean_accepted_len": spec["mean_accepted_len"],
+    spec, target_only = totals[f"k{args.k}"], totals["target_only"]
+    metrics = {
+        "target_only_tok_s": target_only.tok_s(),
+        "spec_tok_s": spec.tok_s(),
+        "speedup": spec.tok_s() / target_only.tok_s(),
+        "acceptance_rate": spec.ratio("accepted", "drafted"),
+        "mean_accepted_len": spec.ratio("verified", "steps"),
         "k": args.k,
-        "hf_greedy_tok_s": run_hf(model, tokenizer, PROMPTS, args.max_new_tokens, None),
-        "hf_prompt_lookup_tok_s": run_hf(model, tokenizer, PROMPTS, args.max_new_tokens, args.k),
-        **{f"spec_tok_s_k{k}": r["tok_s"] for k, r in sweep.items()},
-        **{f"acceptance_rate_k{k}": r["acceptance_rate"] for k, r in sweep.items()},
+        "hf_greedy_tok_s": totals["hf_greedy"].tok_s(),
+        "hf_prompt_lookup_tok_s": totals["hf_prompt_lookup"].tok_s(),
+        **{f"spec_tok_s_k{k}": totals[f"k{k}"].tok_s() for k in ks},
+        **{f"acceptance_rate_k{k}": totals[f"k{k}"].ratio("accepted", "drafted") for k in ks},
+        "outputs_differing_from_target_only": mismatches,
+        "dtype": args.dtype,
         "num_prompts": len(PROMPTS),
+        "rounds": args.rounds,
         "max_new_tokens": args.max_new_tokens,
     }
+    suffix = "" if args.dtype == "float32" else f"_{args.dtype}"
     report = {
-        "name": "cpu_smollm2",
+        "name": f"cpu_smollm2{suffix}",
         "command": "python bench/cpu_smollm2.py " + " ".join(sys.argv[1:]),
-        "machine": f"{platform.node()} {platform.processor() or platform.machine()}, {torch.get_num_threads()} "
-                   f"torch threads, torch {torch.__version__}",
+        "machine": f"{platform.node()} {platform.machine()}, {torch.get_num_threads()} torch threads, "
+                   f"torch {torch.__version__}",
         "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "metrics": {k: round(v, 4) if isinstance(v, float) else v for k, v in results.items()},
+        "metrics": {k: round(v, 4) if isinstance(v, float) else v for k, v in metrics.items()},
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    out = args.out or ROOT / "bench" / "results" / f"cpu_smollm2{suffix}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps(report, indent=2))
 
 

@@ -75,8 +75,9 @@ class Trio:
 def start_trio(args: argparse.Namespace, workdir: Path) -> tuple[Trio, str]:
     trio = Trio(workdir)
     common = ["--log-level", args.log_level]
-    target = trio.spawn("target", "target_service", ["--model", args.target_model, *common])
-    draft_args = ["--drafter", args.drafter, *common]
+    dtype = ["--dtype", args.dtype] if args.dtype else []
+    target = trio.spawn("target", "target_service", ["--model", args.target_model, *dtype, *common])
+    draft_args = ["--drafter", args.drafter, *dtype, *common]
     if args.draft_model:
         draft_args += ["--model", args.draft_model]
     draft = trio.spawn("draft", "draft_service", draft_args)
@@ -95,6 +96,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--target-model", default=os.environ.get("SPECDEC_TARGET_MODEL", DEFAULT_MODEL))
     parser.add_argument("--drafter", choices=["ngram", "model"], default=os.environ.get("SPECDEC_DRAFTER", "ngram"))
     parser.add_argument("--draft-model", default=os.environ.get("SPECDEC_DRAFT_MODEL"))
+    parser.add_argument("--dtype", default=os.environ.get("SPECDEC_DTYPE"), help="float32 / bfloat16 for both models")
     parser.add_argument("-k", "--num-draft-tokens", type=int, default=2)
     parser.add_argument("--demo", metavar="PROMPT", help="stream one chat answer, print its stats, stop")
     parser.add_argument("--max-new-tokens", type=int, default=128)

@@ -124,3 +124,13 @@ def hf_greedy(model_dirs, tokenizer):
 def pool():
     with ThreadPoolExecutor(max_workers=8) as executor:
         yield executor
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """GPU tests run on the H200 machine (through the device tool); everywhere else they skip."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

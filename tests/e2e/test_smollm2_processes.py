@@ -22,7 +22,7 @@ MAX_NEW_TOKENS = 24
 @pytest.fixture(scope="module")
 def trio(tmp_path_factory):
     args = argparse.Namespace(target_model=DEFAULT_MODEL, drafter="ngram", draft_model=None, num_draft_tokens=3,
-                              timeout_s=600, log_level="WARNING")
+                              timeout_s=600, log_level="WARNING", dtype=None)
     trio, address = start_trio(args, tmp_path_factory.mktemp("trio"))
     yield trio, address
     trio.stop()
