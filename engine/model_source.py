@@ -72,7 +72,7 @@ def converted_gguf_dir(gguf_path: Path, cache_dir: Path) -> Path:
     target = cache_dir / "gguf" / f"{gguf_path.stem}-{key}"
     if (target / "config.json").exists():
         return target
-    log.info("converting %s to safetensors (first start only, ~30 s) ...", gguf_path.name)
+    log.warning("converting %s to safetensors (first start only, ~30 s) ...", gguf_path.name)
     folder, name = str(gguf_path.parent), gguf_path.name
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
     model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
@@ -83,7 +83,9 @@ def converted_gguf_dir(gguf_path: Path, cache_dir: Path) -> Path:
     staging = target.with_name(target.name + f".tmp{os.getpid()}")
     model.save_pretrained(staging)
     tokenizer.save_pretrained(staging)
-    shutil.rmtree(target, ignore_errors=True)
-    staging.rename(target)  # atomic: a half-written cache is never seen as complete
-    log.info("cached the conversion in %s", target)
+    try:
+        staging.rename(target)  # atomic: a half-written cache is never seen as complete
+        log.info("cached the conversion in %s", target)
+    except OSError:  # another process (e.g. a draft on the same model) finished first
+        shutil.rmtree(staging, ignore_errors=True)
     return target

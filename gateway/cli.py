@@ -19,7 +19,7 @@ def main(argv: list[str] | None = None) -> None:
                         help="target service address; dns:///NAME:PORT spreads over all replicas")
     parser.add_argument("--draft", default=env_default(PREFIX, "draft", "127.0.0.1:50053"),
                         help="draft service address; 'none' decodes target-only")
-    parser.add_argument("--num-draft-tokens", type=int, default=env_default(PREFIX, "num_draft_tokens", 2),
+    parser.add_argument("--num-draft-tokens", type=int, default=env_default(PREFIX, "num_draft_tokens", 4),
                         help="default k per request")
     parser.add_argument("--max-num-draft-tokens", type=int, default=env_default(PREFIX, "max_num_draft_tokens", 16))
     parser.add_argument("--default-max-new-tokens", type=int, default=env_default(PREFIX, "default_max_new_tokens", 256))

@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--drafter", choices=["ngram", "model"], default=os.environ.get("SPECDEC_DRAFTER", "ngram"))
     parser.add_argument("--draft-model", default=os.environ.get("SPECDEC_DRAFT_MODEL"))
     parser.add_argument("--dtype", default=os.environ.get("SPECDEC_DTYPE"), help="float32 / bfloat16 for both models")
-    parser.add_argument("-k", "--num-draft-tokens", type=int, default=2)
+    parser.add_argument("-k", "--num-draft-tokens", type=int, default=4)
     parser.add_argument("--demo", metavar="PROMPT", help="stream one chat answer, print its stats, stop")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--timeout-s", type=float, default=600)

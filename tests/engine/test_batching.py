@@ -1,0 +1,90 @@
+"""Concurrent requests share forwards, and sharing a forward changes no result."""
+from __future__ import annotations
+
+import asyncio
+
+from engine.model_drafter import ModelDrafter
+from engine.model_runner import ModelRunner, RuntimeConfig
+from engine.target_engine import TargetEngine
+
+PROMPTS = [[5, 6, 7], list(range(20, 41)), [9], list(range(100, 108))]
+
+
+def _runner(model_dir) -> ModelRunner:
+    return ModelRunner(RuntimeConfig(model=str(model_dir), kv_cache_tokens=2048))
+
+
+async def _target_run(engine: TargetEngine, prompt: list[int], drafts: list[list[int]]):
+    seq, first, prefill_timing = await engine.prefill(prompt, 32)
+    verifies = [await engine.verify(seq, d) for d in drafts]
+    engine.release(seq)
+    return first, [v.committed_ids for v, _ in verifies], prefill_timing.batch_size
+
+
+def test_concurrent_prefills_and_verifies_share_forwards(model_dirs):
+    drafts = [[1, 2, 3], [4], [], [7, 7]]
+
+    async def main():
+        engine = TargetEngine(_runner(model_dirs["target"]))
+        engine.start()
+        together = await asyncio.gather(*(_target_run(engine, p, drafts) for p in PROMPTS))
+        forwards_together = engine.num_forwards
+        alone = [await _target_run(engine, p, drafts) for p in PROMPTS]
+        await engine.stop()
+        return together, forwards_together, alone
+
+    together, forwards_together, alone = asyncio.run(main())
+    assert [t[2] for t in together] == [len(PROMPTS)] * len(PROMPTS)  # one prefill forward for all
+    assert forwards_together == 1 + len(drafts)  # and one forward per verify round
+    assert [t[:2] for t in together] == [a[:2] for a in alone]
+
+
+def test_concurrent_proposals_share_forwards(model_dirs):
+    async def run(drafter: ModelDrafter, prompt: list[int]) -> list[list[int]]:
+        seq = await drafter.start(prompt, 64)
+        first, _ = await drafter.propose(seq, 0, [11], 4)
+        second, _ = await drafter.propose(seq, 4, [12], 3)  # all accepted: the catch-up case
+        third, _ = await drafter.propose(seq, 1, [13], 2)  # partly accepted: rollback
+        drafter.release(seq)
+        return [first, second, third]
+
+    async def main():
+        drafter = ModelDrafter(_runner(model_dirs["perturbed"]))
+        drafter.start_background()
+        together = await asyncio.gather(*(run(drafter, p) for p in PROMPTS))
+        forwards_together = drafter.stats()["num_forwards"]
+        alone = [await run(drafter, p) for p in PROMPTS]
+        blocks_used = drafter.stats()["num_kv_blocks_used"]
+        await drafter.stop()
+        return together, forwards_together, alone, blocks_used
+
+    together, forwards_together, alone, blocks_used = asyncio.run(main())
+    assert together == alone
+    assert forwards_together == 1 + 4 + 3 + 2  # start, then k forwards per proposal round
+    assert all(len(p) == k for props in together for p, k in zip(props, (4, 3, 2)))
+
+
+def test_draft_proposals_equal_greedy_continuation_of_the_target_when_identical(model_dirs):
+    """An identical draft proposes exactly the target's greedy tokens, including after catch-up."""
+
+    async def main():
+        engine = TargetEngine(_runner(model_dirs["target"]))
+        drafter = ModelDrafter(_runner(model_dirs["identical"]))
+        engine.start()
+        drafter.start_background()
+        prompt = list(range(30, 45))
+        seq, first, _ = await engine.prefill(prompt, 40)
+        draft_seq = await drafter.start(prompt, 40)
+        num_accepted, append, accepted = 0, [first], []
+        for _ in range(5):
+            draft_ids, _ = await drafter.propose(draft_seq, num_accepted, append, 3)
+            verification, _ = await engine.verify(seq, draft_ids)
+            accepted.append(verification.num_accepted)
+            num_accepted, append = verification.num_accepted, verification.committed_ids[-1:]
+        engine.release(seq)
+        drafter.release(draft_seq)
+        await engine.stop()
+        await drafter.stop()
+        return accepted
+
+    assert asyncio.run(main()) == [3] * 5
