@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-from dataclasses import dataclass
 from pathlib import Path
 
 from draft_service.servicer import DraftServicer
@@ -17,30 +16,15 @@ from specdec.v1 import draft_pb2, draft_pb2_grpc
 SERVICE_NAME = draft_pb2.DESCRIPTOR.services_by_name["DraftService"].full_name
 
 
-@dataclass
-class DraftServer:
-    drafter: Drafter
-    running: RunningServer
-
-    @property
-    def port(self) -> int:
-        return self.running.port
-
-    async def stop(self) -> None:
-        await self.running.stop()
-        await self.drafter.stop()
-
-
 async def start_draft_server(
     drafter: Drafter, host: str = "127.0.0.1", port: int = 0, ready_file: Path | None = None
-) -> DraftServer:
+) -> RunningServer:
     drafter.start_background()
     servicer = DraftServicer(drafter)
-    running = await start_server(
+    return await start_server(
         lambda server: draft_pb2_grpc.add_DraftServiceServicer_to_server(servicer, server),
-        [SERVICE_NAME], host, port, ready_file,
+        [SERVICE_NAME], host, port, ready_file, cleanup=drafter.stop,
     )
-    return DraftServer(drafter, running)
 
 
 def build_drafter(kind: str, config: RuntimeConfig, max_batch_size: int) -> Drafter:

@@ -59,18 +59,6 @@ class Drafter(Protocol):
     def stats(self) -> dict[str, int]: ...
 
 
-def check_start(prompt_ids: list[int], max_new_tokens: int, max_model_len: int) -> None:
-    if not prompt_ids:
-        raise InvalidRequestError("prompt_ids is empty; send at least one token")
-    if max_new_tokens < 1:
-        raise InvalidRequestError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    if len(prompt_ids) + max_new_tokens > max_model_len:
-        raise InvalidRequestError(
-            f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({max_new_tokens}) exceeds the "
-            f"draft's context of {max_model_len} tokens"
-        )
-
-
 def check_propose(num_draft_tokens: int, max_draft_tokens: int) -> None:
     if not 1 <= num_draft_tokens <= max_draft_tokens:
         raise InvalidRequestError(f"num_draft_tokens must be in [1, {max_draft_tokens}], got {num_draft_tokens}")

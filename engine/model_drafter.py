@@ -11,7 +11,8 @@ from dataclasses import dataclass
 
 from engine.batch import StepInput
 from engine.batching_loop import BatchingLoop
-from engine.drafter import DraftSequence, ProposeTiming, check_propose, check_start
+from engine.drafter import DraftSequence, ProposeTiming, check_propose
+from engine.limits import check_new_sequence
 from engine.model_runner import ModelRunner
 from specdec.errors import CapacityError
 
@@ -40,7 +41,7 @@ class ModelDrafter:
 
     async def start(self, prompt_ids: list[int], max_new_tokens: int) -> DraftSequence:
         """Opens a sequence and prefills the prompt into the draft's KV cache."""
-        check_start(prompt_ids, max_new_tokens, self.runner.max_model_len)
+        check_new_sequence(prompt_ids, max_new_tokens, self.runner.max_model_len)
         self.runner.check_token_ids(prompt_ids, "prompt_ids")
         seq = DraftSequence(list(prompt_ids), kv=self.runner.kv.new_sequence())
         self._counters["num_active_sequences"] += 1

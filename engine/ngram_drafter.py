@@ -2,7 +2,8 @@
 sequence's last n tokens. Needs no weights and works with any tokenizer."""
 from __future__ import annotations
 
-from engine.drafter import DraftSequence, ProposeTiming, check_propose, check_start
+from engine.drafter import DraftSequence, ProposeTiming, check_propose
+from engine.limits import check_new_sequence
 from engine.model_runner import ModelDescription
 
 
@@ -30,7 +31,7 @@ class NgramDrafter:
         self._num_started = 0
 
     async def start(self, prompt_ids: list[int], max_new_tokens: int) -> DraftSequence:
-        check_start(prompt_ids, max_new_tokens, self.description.max_model_len)
+        check_new_sequence(prompt_ids, max_new_tokens, self.description.max_model_len)
         self._num_active += 1
         self._num_started += 1
         return DraftSequence(list(prompt_ids))

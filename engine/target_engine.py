@@ -12,6 +12,7 @@ import torch
 
 from engine.batch import StepInput
 from engine.batching_loop import BatchingLoop
+from engine.limits import check_new_sequence
 from engine.kv_cache import SequenceKV
 from engine.model_runner import ModelRunner
 from engine.verification import Verification, verify_greedy
@@ -60,7 +61,8 @@ class TargetEngine:
 
     async def prefill(self, prompt_ids: list[int], max_new_tokens: int) -> tuple[TargetSequence, int, StepTiming]:
         """Opens a sequence on the prompt; returns it with the target's first token."""
-        self._check_prefill(prompt_ids, max_new_tokens)
+        check_new_sequence(prompt_ids, max_new_tokens, self.runner.max_model_len)
+        self.runner.check_token_ids(prompt_ids, "prompt_ids")
         seq = TargetSequence(list(prompt_ids), self.runner.kv.new_sequence(), len(prompt_ids) + max_new_tokens)
         self.num_active_sequences += 1
         self.num_sequences_started += 1
@@ -86,19 +88,6 @@ class TargetEngine:
         """Frees the sequence's KV blocks (after any batch that uses them has finished)."""
         self.num_active_sequences -= 1
         self._loop.run_serialized(seq.kv.release)
-
-    def _check_prefill(self, prompt_ids: list[int], max_new_tokens: int) -> None:
-        limit = self.runner.max_model_len
-        if not prompt_ids:
-            raise InvalidRequestError("prompt_ids is empty; send at least one token")
-        if max_new_tokens < 1:
-            raise InvalidRequestError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-        if len(prompt_ids) + max_new_tokens > limit:
-            raise InvalidRequestError(
-                f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({max_new_tokens}) exceeds the "
-                f"model's context of {limit} tokens"
-            )
-        self.runner.check_token_ids(prompt_ids, "prompt_ids")
 
     def _process(self, jobs: list[_Job]) -> list[_Outcome | Exception]:
         """Worker thread: one forward over every job that fits in the KV pool."""

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-from dataclasses import dataclass
 from pathlib import Path
 
 from gateway.backends import Backends
@@ -15,23 +14,9 @@ from specdec.v1 import gateway_pb2, gateway_pb2_grpc
 SERVICE_NAME = gateway_pb2.DESCRIPTOR.services_by_name["Gateway"].full_name
 
 
-@dataclass
-class GatewayServer:
-    backends: Backends
-    running: RunningServer
-
-    @property
-    def port(self) -> int:
-        return self.running.port
-
-    async def stop(self) -> None:
-        await self.running.stop()
-        await self.backends.close()
-
-
 async def start_gateway_server(
     config: GatewayConfig, host: str = "127.0.0.1", port: int = 0, ready_file: Path | None = None
-) -> GatewayServer:
+) -> RunningServer:
     """Raises IncompatibleModelsError / ServiceUnavailableError before serving anything."""
     backends = Backends(config.target_address, config.draft_address)
     try:
@@ -40,11 +25,10 @@ async def start_gateway_server(
         await backends.close()
         raise
     servicer = GatewayServicer(config, backends, tokenizer)
-    running = await start_server(
+    return await start_server(
         lambda server: gateway_pb2_grpc.add_GatewayServicer_to_server(servicer, server),
-        [SERVICE_NAME], host, port, ready_file,
+        [SERVICE_NAME], host, port, ready_file, cleanup=backends.close,
     )
-    return GatewayServer(backends, running)
 
 
 def run(args: argparse.Namespace, config: GatewayConfig) -> None:

@@ -111,10 +111,14 @@ class RunningServer:
     server: grpc.aio.Server
     port: int
     health: health.aio.HealthServicer
+    cleanup: Callable[[], Awaitable[None]] | None = None  # stops what the servicers use
 
     async def stop(self, grace_s: float = 2.0) -> None:
+        """Reports NOT_SERVING, lets in-flight RPCs finish for `grace_s`, then cleans up."""
         await self.health.enter_graceful_shutdown()
         await self.server.stop(grace_s)
+        if self.cleanup is not None:
+            await self.cleanup()
 
 
 async def start_server(
@@ -123,6 +127,7 @@ async def start_server(
     host: str,
     port: int,
     ready_file: Path | None = None,
+    cleanup: Callable[[], Awaitable[None]] | None = None,
 ) -> RunningServer:
     """Starts an asyncio gRPC server with our services, grpc.health.v1 and reflection."""
     server = grpc.aio.server(interceptors=[ErrorInterceptor()], options=SERVER_OPTIONS)
@@ -141,7 +146,7 @@ async def start_server(
         tmp.write_text(f"{host}:{bound}\n")
         os.replace(tmp, ready_file)
     log.info("serving %s on %s:%d", ", ".join(service_names), host, bound)
-    return RunningServer(server, bound, health_servicer)
+    return RunningServer(server, bound, health_servicer, cleanup)
 
 
 async def serve_until_signal(start: Callable[[], Awaitable]) -> None:

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-from dataclasses import dataclass
 from pathlib import Path
 
 from engine.model_runner import ModelRunner, RuntimeConfig
@@ -15,32 +14,17 @@ from target_service.servicer import TargetServicer
 SERVICE_NAME = target_pb2.DESCRIPTOR.services_by_name["TargetService"].full_name
 
 
-@dataclass
-class TargetServer:
-    engine: TargetEngine
-    running: RunningServer
-
-    @property
-    def port(self) -> int:
-        return self.running.port
-
-    async def stop(self) -> None:
-        await self.running.stop()
-        await self.engine.stop()
-
-
 async def start_target_server(
     runner: ModelRunner, host: str = "127.0.0.1", port: int = 0, max_batch_size: int = 64,
     ready_file: Path | None = None,
-) -> TargetServer:
+) -> RunningServer:
     engine = TargetEngine(runner, max_batch_size)
     engine.start()
     servicer = TargetServicer(engine)
-    running = await start_server(
+    return await start_server(
         lambda server: target_pb2_grpc.add_TargetServiceServicer_to_server(servicer, server),
-        [SERVICE_NAME], host, port, ready_file,
+        [SERVICE_NAME], host, port, ready_file, cleanup=engine.stop,
     )
-    return TargetServer(engine, running)
 
 
 def run(args: argparse.Namespace, config: RuntimeConfig) -> None:

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine.drafter import DraftSequence, check_propose, check_start
+from engine.drafter import DraftSequence, check_propose
+from engine.limits import check_new_sequence
 from specdec.errors import InvalidRequestError
 
 
@@ -57,8 +58,8 @@ def test_empty_append_ids_raises():
     assert seq.num_proposed == 2
 
 
-def test_check_start_accepts_fitting_request():
-    check_start([1, 2, 3], 5, max_model_len=8)
+def test_check_new_sequence_accepts_fitting_request():
+    check_new_sequence([1, 2, 3], 5, max_model_len=8)
 
 
 @pytest.mark.parametrize("prompt_ids, max_new_tokens, match", [
@@ -66,9 +67,9 @@ def test_check_start_accepts_fitting_request():
     ([1], 0, "max_new_tokens"),
     ([1, 2, 3], 6, "exceeds"),
 ])
-def test_check_start_rejects(prompt_ids, max_new_tokens, match):
+def test_check_new_sequence_rejects(prompt_ids, max_new_tokens, match):
     with pytest.raises(InvalidRequestError, match=match):
-        check_start(prompt_ids, max_new_tokens, max_model_len=8)
+        check_new_sequence(prompt_ids, max_new_tokens, max_model_len=8)
 
 
 @pytest.mark.parametrize("num_draft_tokens", [1, 4])
