@@ -6,6 +6,7 @@ import asyncio
 from pathlib import Path
 
 from draft_service.servicer import DraftServicer
+from engine.batching_loop import torch_thread
 from engine.drafter import Drafter
 from engine.model_drafter import ModelDrafter
 from engine.model_runner import ModelRunner, RuntimeConfig
@@ -30,7 +31,9 @@ async def start_draft_server(
 def build_drafter(kind: str, config: RuntimeConfig, max_batch_size: int) -> Drafter:
     if kind == "ngram":
         return NgramDrafter()
-    return ModelDrafter(ModelRunner(config), max_batch_size=max_batch_size)
+    executor = torch_thread()
+    runner = executor.submit(ModelRunner, config).result()  # load on the thread that will run it
+    return ModelDrafter(runner, max_batch_size=max_batch_size, executor=executor)
 
 
 def run(args: argparse.Namespace, config: RuntimeConfig) -> None:

@@ -7,6 +7,7 @@ everything was accepted), then k-1 single-token forwards extend all of them toge
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from engine.batch import StepInput
@@ -25,11 +26,16 @@ class _Job:
 
 
 class ModelDrafter:
-    def __init__(self, runner: ModelRunner, max_draft_tokens: int = 16, max_batch_size: int = 64) -> None:
+    def __init__(
+        self, runner: ModelRunner, max_draft_tokens: int = 16, max_batch_size: int = 64,
+        executor: ThreadPoolExecutor | None = None,
+    ) -> None:
+        """`executor`: the thread that loaded `runner` (see batching_loop.torch_thread)."""
         self.runner = runner
         self.description = runner.description
         self._max_draft_tokens = max_draft_tokens
-        self._loop: BatchingLoop[_Job, tuple[list[int], ProposeTiming]] = BatchingLoop(self._process, max_batch_size)
+        self._loop: BatchingLoop[_Job, tuple[list[int], ProposeTiming]] = BatchingLoop(
+            self._process, max_batch_size, executor)
         self._counters = {"num_active_sequences": 0, "num_sequences_started": 0, "num_forwards": 0,
                           "num_sequence_steps": 0}
 

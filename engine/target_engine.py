@@ -6,6 +6,7 @@ which is fed at the head of the next verify (so a verify of k drafts is one k+1-
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
@@ -45,9 +46,10 @@ class _Outcome:
 
 
 class TargetEngine:
-    def __init__(self, runner: ModelRunner, max_batch_size: int = 64) -> None:
+    def __init__(self, runner: ModelRunner, max_batch_size: int = 64, executor: ThreadPoolExecutor | None = None) -> None:
+        """`executor`: the thread that loaded `runner` (see batching_loop.torch_thread)."""
         self.runner = runner
-        self._loop: BatchingLoop[_Job, _Outcome] = BatchingLoop(self._process, max_batch_size)
+        self._loop: BatchingLoop[_Job, _Outcome] = BatchingLoop(self._process, max_batch_size, executor)
         self.num_active_sequences = 0
         self.num_sequences_started = 0
         self.num_forwards = 0

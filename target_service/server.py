@@ -3,8 +3,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from engine.batching_loop import torch_thread
 from engine.model_runner import ModelRunner, RuntimeConfig
 from engine.target_engine import TargetEngine
 from specdec.serving import RunningServer, serve_until_signal, start_server
@@ -16,9 +18,9 @@ SERVICE_NAME = target_pb2.DESCRIPTOR.services_by_name["TargetService"].full_name
 
 async def start_target_server(
     runner: ModelRunner, host: str = "127.0.0.1", port: int = 0, max_batch_size: int = 64,
-    ready_file: Path | None = None,
+    ready_file: Path | None = None, executor: ThreadPoolExecutor | None = None,
 ) -> RunningServer:
-    engine = TargetEngine(runner, max_batch_size)
+    engine = TargetEngine(runner, max_batch_size, executor)
     engine.start()
     servicer = TargetServicer(engine)
     return await start_server(
@@ -28,7 +30,8 @@ async def start_target_server(
 
 
 def run(args: argparse.Namespace, config: RuntimeConfig) -> None:
-    runner = ModelRunner(config)
+    executor = torch_thread()
+    runner = executor.submit(ModelRunner, config).result()  # load on the thread that will run it
     asyncio.run(serve_until_signal(
-        lambda: start_target_server(runner, args.host, args.port, args.max_batch_size, args.ready_file)
+        lambda: start_target_server(runner, args.host, args.port, args.max_batch_size, args.ready_file, executor)
     ))
