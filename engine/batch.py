@@ -27,7 +27,11 @@ class ForwardBatch:
     positions: torch.Tensor  # [T] absolute position of each token
     slot_mapping: torch.Tensor  # [T] flat KV slot each token writes
     cu_seqlens_q: list[int]  # [B + 1] token offsets of each sequence in input_ids
-    context_slots: list[torch.Tensor]  # B x [context_len] slots each sequence attends to
+    cu_seqlens_q_t: torch.Tensor  # [B + 1] int32, the same on the device
+    context_lens: torch.Tensor  # [B] int32 tokens in each sequence's KV after this step
+    block_tables: torch.Tensor  # [B, max_blocks] int32 block ids (padding: 0)
+    max_num_q: int  # the most new tokens of any one sequence
+    context_slots: list[torch.Tensor]  # B x [context_len] slots each sequence attends to (reference)
     logits_indices: torch.Tensor  # [N] rows of the hidden states that need logits
 
     @property
@@ -52,12 +56,18 @@ def build_forward_batch(steps: list[StepInput], device: torch.device) -> Forward
         cu_seqlens_q.append(cu_seqlens_q[-1] + num_new)
         context_slots.append(torch.tensor(step.kv.slots(0, start + num_new), device=device))
         logits_indices += range(cu_seqlens_q[-1] - step.num_logits, cu_seqlens_q[-1])
-    as_tensor = lambda xs: torch.tensor(xs, dtype=torch.long, device=device)  # noqa: E731
+    as_tensor = lambda xs, dtype=torch.long: torch.tensor(xs, dtype=dtype, device=device)  # noqa: E731
+    max_blocks = max(len(step.kv.block_table) for step in steps)
+    block_tables = [step.kv.block_table + [0] * (max_blocks - len(step.kv.block_table)) for step in steps]
     return ForwardBatch(
         input_ids=as_tensor(input_ids),
         positions=as_tensor(positions),
         slot_mapping=as_tensor(slots),
         cu_seqlens_q=cu_seqlens_q,
+        cu_seqlens_q_t=as_tensor(cu_seqlens_q, torch.int32),
+        context_lens=as_tensor([s.kv.num_tokens + len(s.token_ids) for s in steps], torch.int32),
+        block_tables=as_tensor(block_tables, torch.int32),
+        max_num_q=max(len(step.token_ids) for step in steps),
         context_slots=context_slots,
         logits_indices=as_tensor(logits_indices),
     )

@@ -7,9 +7,10 @@ from pathlib import Path
 
 import torch
 
+from engine.attention import paged_attention_reference
 from engine.batch import StepInput, build_forward_batch
 from engine.kv_cache import KVCacheConfig, KVPool
-from engine.llama import CausalLM
+from engine.llama import AttentionFn, CausalLM
 from engine.model_source import LoadedModel, default_cache_dir, load_pretrained
 from engine.tokenizer_info import eos_token_ids, tokenizer_fingerprint
 from specdec.errors import InvalidRequestError
@@ -29,6 +30,7 @@ class RuntimeConfig:
     max_model_len: int | None = None  # None: the model's own limit
     kv_cache_tokens: int = 65536
     kv_block_size: int = 16
+    attention_backend: str = "auto"  # "triton" | "reference"; auto: triton on CUDA, reference on CPU
     cache_dir: Path = field(default_factory=default_cache_dir)
 
     def __post_init__(self) -> None:
@@ -38,6 +40,8 @@ class RuntimeConfig:
             raise ValueError("kv_cache_tokens must hold at least one block")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError("max_model_len must be >= 2")
+        if self.attention_backend not in ("auto", "triton", "reference"):
+            raise ValueError(f"attention_backend must be auto, triton or reference, got {self.attention_backend!r}")
 
 
 @dataclass(frozen=True)
@@ -67,6 +71,7 @@ class ModelRunner:
             shape.num_layers, shape.num_kv_heads, shape.head_dim, dtype, device,
         )
         self.device = device
+        self.attention = _attention_backend(config.attention_backend, device)
         self.description = ModelDescription(
             model_id=loaded.model_id,
             architecture=hf_config.model_type,
@@ -87,10 +92,18 @@ class ModelRunner:
     def forward(self, steps: list[StepInput]) -> list[torch.Tensor]:
         """Appends each step's tokens to its sequence's KV; returns [num_logits, vocab] per step."""
         batch = build_forward_batch(steps, self.device)
-        logits = self.model(batch, self.kv)
+        logits = self.model(batch, self.kv, self.attention)
         for step in steps:
             step.kv.commit(len(step.token_ids))
         return list(logits.split([s.num_logits for s in steps]))
+
+
+def _attention_backend(name: str, device: torch.device) -> AttentionFn:
+    if name == "reference" or (name == "auto" and device.type != "cuda"):
+        return paged_attention_reference
+    from engine.triton_attention import paged_attention_triton  # needs triton, only here
+
+    return paged_attention_triton
 
 
 def _max_model_len(hf_config: object, requested: int | None) -> int:

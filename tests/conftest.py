@@ -1,6 +1,7 @@
 """Session fixtures: tiny random models on disk and the real services on loopback (port 0)."""
 from __future__ import annotations
 
+import os
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -10,6 +11,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 sys.path.insert(0, str(Path(__file__).parent))
+if not torch.cuda.is_available():  # Triton kernels run under the interpreter; set before they are defined
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from draft_service.server import start_draft_server  # noqa: E402
 from engine.model_drafter import ModelDrafter  # noqa: E402
@@ -50,8 +53,13 @@ def loop():
     thread.close()
 
 
-def _runner(path: Path, kv_cache_tokens: int = 8192) -> ModelRunner:
-    return ModelRunner(RuntimeConfig(model=str(path), kv_cache_tokens=kv_cache_tokens))
+# SPECDEC_TEST_DEVICE=cuda runs the service tests on the GPU (Triton attention); the default is CPU
+DEVICE = os.environ.get("SPECDEC_TEST_DEVICE", "cpu")
+
+
+def _runner(path: Path, kv_cache_tokens: int = 8192, attention_backend: str = "auto") -> ModelRunner:
+    return ModelRunner(RuntimeConfig(model=str(path), kv_cache_tokens=kv_cache_tokens, device=DEVICE,
+                                     attention_backend=attention_backend))
 
 
 @pytest.fixture(scope="session")
@@ -134,3 +142,15 @@ def pytest_collection_modifyitems(config, items) -> None:
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def triton_gateway_stub(loop, model_dirs, draft_servers):
+    """A gateway in front of a target whose attention is the Triton kernel (interpreted on CPU)."""
+    target = loop.run(start_target_server(_runner(model_dirs["target"], attention_backend="triton")))
+    gateway = loop.run(start_gateway_server(
+        GatewayConfig(f"127.0.0.1:{target.port}", f"127.0.0.1:{draft_servers['perturbed'].port}")))
+    with channel(gateway.port) as c:
+        yield gateway_pb2_grpc.GatewayStub(c)
+    loop.run(gateway.stop())
+    loop.run(target.stop())

@@ -78,3 +78,12 @@ def test_chat_request_uses_the_chat_template(gateway_stub, tokenizer, hf_greedy)
     prompt_ids = tokenizer.encode(text, add_special_tokens=False)
     assert final.stats.num_prompt_tokens == len(prompt_ids)
     assert token_ids == hf_greedy(prompt_ids, 12)
+
+
+@pytest.mark.parametrize("k", [0, 3])
+def test_triton_attention_target_matches_target_greedy(k, triton_gateway_stub, tokenizer, hf_greedy, pool):
+    futures = [pool.submit(generate, triton_gateway_stub, prompt=p, max_new_tokens=16, num_draft_tokens=k)
+               for p in PROMPTS[:3]]
+    for prompt, future in zip(PROMPTS[:3], futures):
+        token_ids, _, _ = future.result()
+        assert token_ids == hf_greedy(tokenizer.encode(prompt), 16), prompt
