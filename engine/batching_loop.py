@@ -13,8 +13,9 @@ from typing import Generic, TypeVar
 J = TypeVar("J")
 R = TypeVar("R")
 
-# process(jobs) returns one result per job; an Exception in a slot fails only that job
-ProcessFn = Callable[[list[J]], list["R | Exception"]]
+# process(jobs) returns one result per job: an Exception fails only that job, None means the
+# job is unfinished (e.g. a prefill chunk) and runs again in the next iteration
+ProcessFn = Callable[[list[J]], list["R | Exception | None"]]
 
 
 def torch_thread() -> ThreadPoolExecutor:
@@ -68,10 +69,14 @@ class BatchingLoop(Generic[J, R]):
                     results = await loop.run_in_executor(self.executor, self._process, [j for j, _ in batch])
                 except Exception as e:  # a bug in process: fail this batch, keep serving
                     results = [e] * len(batch)
-                for (_, future), result in zip(batch, results):
+                unfinished = []
+                for (job, future), result in zip(batch, results):
                     if future.done():  # the request was cancelled meanwhile
                         continue
-                    if isinstance(result, Exception):
+                    if result is None:
+                        unfinished.append((job, future))
+                    elif isinstance(result, Exception):
                         future.set_exception(result)
                     else:
                         future.set_result(result)
+                self._pending[:0] = unfinished  # older jobs first

@@ -16,6 +16,7 @@ class DraftSequence:
     token_ids: list[int]
     num_proposed: int = 0  # trailing entries of token_ids that are unverified proposals
     kv: SequenceKV | None = None  # model drafters only
+    num_promised_blocks: int = 0  # what KV admission promised (model drafters only)
     meta: dict[str, int] = field(default_factory=dict)
 
     def reconcile(self, num_accepted: int, append_ids: list[int]) -> int:

@@ -1,6 +1,7 @@
 """Paged KV cache: a preallocated block pool, its allocator, and per-sequence block tables."""
 from __future__ import annotations
 
+import asyncio
 import math
 from collections import deque
 from dataclasses import dataclass
@@ -133,3 +134,56 @@ class SequenceKV:
             self.block_table = []
             self.num_tokens = 0
             self.is_released = True
+
+
+class KVAdmission:
+    """Admits a sequence only while the worst case of every admitted sequence fits the pool.
+
+    An admitted sequence can therefore never run out of blocks mid-generation, so a request that
+    does not fit now waits (FIFO) for others to finish instead of failing; only a request whose
+    worst case exceeds the whole pool is refused. Single-threaded: use from the event loop.
+    """
+
+    def __init__(self, num_blocks: int, block_size: int) -> None:
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.num_free = num_blocks
+        self._waiters: deque[tuple[int, asyncio.Future[None]]] = deque()
+
+    def blocks_for(self, max_tokens: int) -> int:
+        return math.ceil(max_tokens / self.block_size)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiters)
+
+    async def admit(self, max_tokens: int) -> int:
+        """Waits until `max_tokens` of KV can be promised; returns the blocks promised."""
+        num_blocks = self.blocks_for(max_tokens)
+        if num_blocks > self.num_blocks:
+            raise CapacityError(
+                f"the request needs up to {max_tokens} tokens of KV cache ({num_blocks} blocks) but the pool "
+                f"holds {self.num_blocks} blocks; send a shorter prompt or a smaller max_new_tokens"
+            )
+        if not self._waiters and num_blocks <= self.num_free:
+            self.num_free -= num_blocks
+            return num_blocks
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append((num_blocks, future))
+        try:
+            await future
+        except BaseException:
+            if future.done() and not future.cancelled():  # admitted just as we were cancelled
+                self.retire(num_blocks)
+            else:
+                self._waiters.remove((num_blocks, future))
+            raise
+        return num_blocks
+
+    def retire(self, num_blocks: int) -> None:
+        """Returns a finished sequence's promise and admits waiters in arrival order."""
+        self.num_free += num_blocks
+        while self._waiters and self._waiters[0][0] <= self.num_free:
+            blocks, future = self._waiters.popleft()
+            self.num_free -= blocks
+            future.set_result(None)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from engine.batch import StepInput
 from engine.batching_loop import BatchingLoop
+from engine.kv_cache import KVAdmission
 from engine.drafter import DraftSequence, ProposeTiming, check_propose
 from engine.limits import check_new_sequence
 from engine.model_runner import ModelRunner
@@ -36,6 +37,7 @@ class ModelDrafter:
         self._max_draft_tokens = max_draft_tokens
         self._loop: BatchingLoop[_Job, tuple[list[int], ProposeTiming]] = BatchingLoop(
             self._process, max_batch_size, executor)
+        self.admission = KVAdmission(runner.kv.config.num_blocks, runner.kv.block_size)
         self._counters = {"num_active_sequences": 0, "num_sequences_started": 0, "num_forwards": 0,
                           "num_sequence_steps": 0}
 
@@ -49,7 +51,9 @@ class ModelDrafter:
         """Opens a sequence and prefills the prompt into the draft's KV cache."""
         check_new_sequence(prompt_ids, max_new_tokens, self.runner.max_model_len)
         self.runner.check_token_ids(prompt_ids, "prompt_ids")
-        seq = DraftSequence(list(prompt_ids), kv=self.runner.kv.new_sequence())
+        # the draft's KV holds at most the committed tokens plus k - 1 proposals
+        promised = await self.admission.admit(len(prompt_ids) + max_new_tokens + self._max_draft_tokens)
+        seq = DraftSequence(list(prompt_ids), kv=self.runner.kv.new_sequence(), num_promised_blocks=promised)
         self._counters["num_active_sequences"] += 1
         self._counters["num_sequences_started"] += 1
         try:
@@ -72,10 +76,12 @@ class ModelDrafter:
         self._counters["num_active_sequences"] -= 1
         assert seq.kv is not None
         self._loop.run_serialized(seq.kv.release)
+        self.admission.retire(seq.num_promised_blocks)
 
     def stats(self) -> dict[str, int]:
         allocator = self.runner.kv.allocator
         return {**self._counters, "num_kv_blocks_used": allocator.num_used,
+                "num_waiting_sequences": self.admission.num_waiting,
                 "num_kv_blocks_total": allocator.num_blocks, "kv_block_size": self.runner.kv.block_size}
 
     def _process(self, jobs: list[_Job]) -> list[tuple[list[int], ProposeTiming] | Exception]:

@@ -2,6 +2,10 @@
 
 Invariant of a target sequence: its KV cache holds every committed token except the last one,
 which is fed at the head of the next verify (so a verify of k drafts is one k+1-token forward).
+
+Each engine iteration runs one forward over every ready job: verifies first (they are short and
+latency-bound), then prefill chunks up to the iteration's token budget, so a long prompt is
+prefilled over several iterations while other requests keep verifying.
 """
 from __future__ import annotations
 
@@ -13,11 +17,21 @@ import torch
 
 from engine.batch import StepInput
 from engine.batching_loop import BatchingLoop
+from engine.kv_cache import KVAdmission, SequenceKV
 from engine.limits import check_new_sequence
-from engine.kv_cache import SequenceKV
 from engine.model_runner import ModelRunner
 from engine.verification import Verification, verify_greedy
-from specdec.errors import CapacityError, InvalidRequestError
+from specdec.errors import InvalidRequestError
+
+
+@dataclass(frozen=True)
+class TargetEngineConfig:
+    max_batch_size: int = 64  # jobs per iteration
+    max_num_batched_tokens: int = 2048  # tokens per forward; longer prompts are chunked
+
+    def __post_init__(self) -> None:
+        if self.max_batch_size < 1 or self.max_num_batched_tokens < 1:
+            raise ValueError(f"batch limits must be >= 1, got {self}")
 
 
 @dataclass
@@ -25,6 +39,7 @@ class TargetSequence:
     token_ids: list[int]  # prompt + committed tokens
     kv: SequenceKV
     max_len: int  # prompt + max_new_tokens
+    num_promised_blocks: int  # what admission promised this sequence
 
 
 @dataclass(frozen=True)
@@ -46,10 +61,15 @@ class _Outcome:
 
 
 class TargetEngine:
-    def __init__(self, runner: ModelRunner, max_batch_size: int = 64, executor: ThreadPoolExecutor | None = None) -> None:
+    def __init__(
+        self, runner: ModelRunner, config: TargetEngineConfig = TargetEngineConfig(),
+        executor: ThreadPoolExecutor | None = None,
+    ) -> None:
         """`executor`: the thread that loaded `runner` (see batching_loop.torch_thread)."""
         self.runner = runner
-        self._loop: BatchingLoop[_Job, _Outcome] = BatchingLoop(self._process, max_batch_size, executor)
+        self.config = config
+        self._loop: BatchingLoop[_Job, _Outcome] = BatchingLoop(self._process, config.max_batch_size, executor)
+        self.admission = KVAdmission(runner.kv.config.num_blocks, runner.kv.block_size)
         self.num_active_sequences = 0
         self.num_sequences_started = 0
         self.num_forwards = 0
@@ -62,10 +82,12 @@ class TargetEngine:
         await self._loop.stop()
 
     async def prefill(self, prompt_ids: list[int], max_new_tokens: int) -> tuple[TargetSequence, int, StepTiming]:
-        """Opens a sequence on the prompt; returns it with the target's first token."""
+        """Opens a sequence on the prompt (waiting for KV room if needed); returns the first token."""
         check_new_sequence(prompt_ids, max_new_tokens, self.runner.max_model_len)
         self.runner.check_token_ids(prompt_ids, "prompt_ids")
-        seq = TargetSequence(list(prompt_ids), self.runner.kv.new_sequence(), len(prompt_ids) + max_new_tokens)
+        max_len = len(prompt_ids) + max_new_tokens
+        promised = await self.admission.admit(max_len)
+        seq = TargetSequence(list(prompt_ids), self.runner.kv.new_sequence(), max_len, promised)
         self.num_active_sequences += 1
         self.num_sequences_started += 1
         try:
@@ -90,23 +112,25 @@ class TargetEngine:
         """Frees the sequence's KV blocks (after any batch that uses them has finished)."""
         self.num_active_sequences -= 1
         self._loop.run_serialized(seq.kv.release)
+        self.admission.retire(seq.num_promised_blocks)
 
-    def _process(self, jobs: list[_Job]) -> list[_Outcome | Exception]:
-        """Worker thread: one forward over every job that fits in the KV pool."""
+    def _process(self, jobs: list[_Job]) -> list[_Outcome | Exception | None]:
+        """Worker thread: one forward over the verifies, then prefill chunks within the budget.
+
+        A prefill whose prompt is not finished by this iteration's chunk returns None (run again).
+        """
+        results: list[_Outcome | Exception | None] = [None] * len(jobs)
         steps: dict[int, StepInput] = {}
-        results: list[_Outcome | Exception] = [CapacityError("unreachable")] * len(jobs)
-        for i, job in enumerate(jobs):
-            step = _step_input(job)
+        budget = self.config.max_num_batched_tokens
+        for i in sorted(range(len(jobs)), key=lambda i: jobs[i].draft_ids is None):  # verifies first
+            step = _step_input(jobs[i], budget)
+            if step is None:
+                continue  # no budget left: the prefill waits for the next iteration
             if step.kv.is_released:
                 results[i] = InvalidRequestError("sequence was released")
-            elif step.kv.can_reserve(len(step.token_ids)):
-                step.kv.reserve(len(step.token_ids))  # so later jobs see the pool as it will be
-                steps[i] = step
-            else:
-                results[i] = CapacityError(
-                    f"KV cache is full ({self.runner.kv.allocator.num_used} blocks in use); "
-                    "retry later, or send a shorter prompt / smaller max_new_tokens"
-                )
+                continue
+            steps[i] = step
+            budget -= len(step.token_ids)
         if not steps:
             return results
         start = time.perf_counter_ns()
@@ -115,15 +139,20 @@ class TargetEngine:
         self.num_forwards += 1
         self.num_sequence_steps += len(steps)
         for (i, step), step_logits in zip(steps.items(), logits):
-            results[i] = _Outcome(_commit(jobs[i], step_logits), timing)
+            if step.num_logits:  # a finished prefill or a verify
+                results[i] = _Outcome(_commit(jobs[i], step_logits), timing)
         return results
 
 
-def _step_input(job: _Job) -> StepInput:
-    if job.draft_ids is None:
-        return StepInput(job.seq.kv, job.seq.token_ids, num_logits=1)
-    fed = [job.seq.token_ids[-1], *job.draft_ids]
-    return StepInput(job.seq.kv, fed, num_logits=len(fed))
+def _step_input(job: _Job, budget: int) -> StepInput | None:
+    seq = job.seq
+    if job.draft_ids is not None:  # verifies always run (admission promised their blocks)
+        return StepInput(seq.kv, [seq.token_ids[-1], *job.draft_ids], num_logits=len(job.draft_ids) + 1)
+    if budget <= 0:
+        return None
+    chunk = seq.token_ids[seq.kv.num_tokens:seq.kv.num_tokens + budget]
+    is_last = seq.kv.num_tokens + len(chunk) == len(seq.token_ids)
+    return StepInput(seq.kv, chunk, num_logits=1 if is_last else 0)
 
 
 def _commit(job: _Job, logits: torch.Tensor) -> Verification:

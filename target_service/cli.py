@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 
 from engine.model_source import DEFAULT_MODEL
-from specdec.cli_args import add_runtime_args, add_server_args, runtime_config, setup_logging
+from specdec.cli_args import add_runtime_args, add_server_args, env_default, runtime_config, setup_logging
 from target_service.server import run
 
 
@@ -12,6 +12,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="specdec-target", description=__doc__)
     add_server_args(parser, "SPECDEC_TARGET", default_port=50052)
     add_runtime_args(parser, "SPECDEC_TARGET", DEFAULT_MODEL)
+    parser.add_argument("--max-num-batched-tokens", type=int,
+                        default=env_default("SPECDEC_TARGET", "max_num_batched_tokens", 2048),
+                        help="tokens per forward; longer prompts are prefilled in chunks")
     args = parser.parse_args(argv)
     setup_logging(args.log_level)
     run(args, runtime_config(args))

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from engine.batching_loop import torch_thread
 from engine.model_runner import ModelRunner, RuntimeConfig
-from engine.target_engine import TargetEngine
+from engine.target_engine import TargetEngine, TargetEngineConfig
 from specdec.serving import RunningServer, serve_until_signal, start_server
 from specdec.v1 import target_pb2, target_pb2_grpc
 from target_service.servicer import TargetServicer
@@ -17,10 +17,11 @@ SERVICE_NAME = target_pb2.DESCRIPTOR.services_by_name["TargetService"].full_name
 
 
 async def start_target_server(
-    runner: ModelRunner, host: str = "127.0.0.1", port: int = 0, max_batch_size: int = 64,
+    runner: ModelRunner, host: str = "127.0.0.1", port: int = 0,
+    config: TargetEngineConfig = TargetEngineConfig(),
     ready_file: Path | None = None, executor: ThreadPoolExecutor | None = None,
 ) -> RunningServer:
-    engine = TargetEngine(runner, max_batch_size, executor)
+    engine = TargetEngine(runner, config, executor)
     engine.start()
     servicer = TargetServicer(engine)
     return await start_server(
@@ -30,8 +31,9 @@ async def start_target_server(
 
 
 def run(args: argparse.Namespace, config: RuntimeConfig) -> None:
+    engine_config = TargetEngineConfig(args.max_batch_size, args.max_num_batched_tokens)
     executor = torch_thread()
     runner = executor.submit(ModelRunner, config).result()  # load on the thread that will run it
     asyncio.run(serve_until_signal(
-        lambda: start_target_server(runner, args.host, args.port, args.max_batch_size, args.ready_file, executor)
+        lambda: start_target_server(runner, args.host, args.port, engine_config, args.ready_file, executor)
     ))

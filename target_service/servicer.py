@@ -63,6 +63,7 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
             num_forwards=e.num_forwards,
             num_sequence_steps=e.num_sequence_steps,
             num_sequences_started=e.num_sequences_started,
+            num_waiting_sequences=e.admission.num_waiting,
         )
 
 

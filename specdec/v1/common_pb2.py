@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17specdec/v1/common.proto\x12\nspecdec.v1\"\x12\n\x10ModelInfoRequest\"\x94\x01\n\tModelInfo\x12\x10\n\x08model_id\x18\x01 \x01(\t\x12\x12\n\nvocab_size\x18\x02 \x01(\x05\x12\x1d\n\x15tokenizer_fingerprint\x18\x03 \x01(\t\x12\x15\n\rmax_model_len\x18\x04 \x01(\x05\x12\x15\n\reos_token_ids\x18\x05 \x03(\x05\x12\x14\n\x0c\x61rchitecture\x18\x06 \x01(\t\"\x12\n\x10TokenizerRequest\"\x93\x01\n\x0eTokenizerFiles\x12\x34\n\x05\x66iles\x18\x01 \x03(\x0b\x32%.specdec.v1.TokenizerFiles.FilesEntry\x12\x1d\n\x15tokenizer_fingerprint\x18\x02 \x01(\t\x1a,\n\nFilesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x0c:\x02\x38\x01\"\x14\n\x12\x45ngineStatsRequest\"\xcc\x01\n\x0b\x45ngineStats\x12\x1c\n\x14num_active_sequences\x18\x01 \x01(\x05\x12\x1a\n\x12num_kv_blocks_used\x18\x02 \x01(\x05\x12\x1b\n\x13num_kv_blocks_total\x18\x03 \x01(\x05\x12\x15\n\rkv_block_size\x18\x04 \x01(\x05\x12\x14\n\x0cnum_forwards\x18\x05 \x01(\x03\x12\x1a\n\x12num_sequence_steps\x18\x06 \x01(\x03\x12\x1d\n\x15num_sequences_started\x18\x07 \x01(\x03\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17specdec/v1/common.proto\x12\nspecdec.v1\"\x12\n\x10ModelInfoRequest\"\x94\x01\n\tModelInfo\x12\x10\n\x08model_id\x18\x01 \x01(\t\x12\x12\n\nvocab_size\x18\x02 \x01(\x05\x12\x1d\n\x15tokenizer_fingerprint\x18\x03 \x01(\t\x12\x15\n\rmax_model_len\x18\x04 \x01(\x05\x12\x15\n\reos_token_ids\x18\x05 \x03(\x05\x12\x14\n\x0c\x61rchitecture\x18\x06 \x01(\t\"\x12\n\x10TokenizerRequest\"\x93\x01\n\x0eTokenizerFiles\x12\x34\n\x05\x66iles\x18\x01 \x03(\x0b\x32%.specdec.v1.TokenizerFiles.FilesEntry\x12\x1d\n\x15tokenizer_fingerprint\x18\x02 \x01(\t\x1a,\n\nFilesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x0c:\x02\x38\x01\"\x14\n\x12\x45ngineStatsRequest\"\xeb\x01\n\x0b\x45ngineStats\x12\x1c\n\x14num_active_sequences\x18\x01 \x01(\x05\x12\x1a\n\x12num_kv_blocks_used\x18\x02 \x01(\x05\x12\x1b\n\x13num_kv_blocks_total\x18\x03 \x01(\x05\x12\x15\n\rkv_block_size\x18\x04 \x01(\x05\x12\x14\n\x0cnum_forwards\x18\x05 \x01(\x03\x12\x1a\n\x12num_sequence_steps\x18\x06 \x01(\x03\x12\x1d\n\x15num_sequences_started\x18\x07 \x01(\x03\x12\x1d\n\x15num_waiting_sequences\x18\x08 \x01(\x05\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -46,5 +46,5 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_ENGINESTATSREQUEST']._serialized_start=380
   _globals['_ENGINESTATSREQUEST']._serialized_end=400
   _globals['_ENGINESTATS']._serialized_start=403
-  _globals['_ENGINESTATS']._serialized_end=607
+  _globals['_ENGINESTATS']._serialized_end=638
 # @@protoc_insertion_point(module_scope)

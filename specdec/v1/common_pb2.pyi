@@ -50,7 +50,7 @@ class EngineStatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class EngineStats(_message.Message):
-    __slots__ = ("num_active_sequences", "num_kv_blocks_used", "num_kv_blocks_total", "kv_block_size", "num_forwards", "num_sequence_steps", "num_sequences_started")
+    __slots__ = ("num_active_sequences", "num_kv_blocks_used", "num_kv_blocks_total", "kv_block_size", "num_forwards", "num_sequence_steps", "num_sequences_started", "num_waiting_sequences")
     NUM_ACTIVE_SEQUENCES_FIELD_NUMBER: _ClassVar[int]
     NUM_KV_BLOCKS_USED_FIELD_NUMBER: _ClassVar[int]
     NUM_KV_BLOCKS_TOTAL_FIELD_NUMBER: _ClassVar[int]
@@ -58,6 +58,7 @@ class EngineStats(_message.Message):
     NUM_FORWARDS_FIELD_NUMBER: _ClassVar[int]
     NUM_SEQUENCE_STEPS_FIELD_NUMBER: _ClassVar[int]
     NUM_SEQUENCES_STARTED_FIELD_NUMBER: _ClassVar[int]
+    NUM_WAITING_SEQUENCES_FIELD_NUMBER: _ClassVar[int]
     num_active_sequences: int
     num_kv_blocks_used: int
     num_kv_blocks_total: int
@@ -65,4 +66,5 @@ class EngineStats(_message.Message):
     num_forwards: int
     num_sequence_steps: int
     num_sequences_started: int
-    def __init__(self, num_active_sequences: _Optional[int] = ..., num_kv_blocks_used: _Optional[int] = ..., num_kv_blocks_total: _Optional[int] = ..., kv_block_size: _Optional[int] = ..., num_forwards: _Optional[int] = ..., num_sequence_steps: _Optional[int] = ..., num_sequences_started: _Optional[int] = ...) -> None: ...
+    num_waiting_sequences: int
+    def __init__(self, num_active_sequences: _Optional[int] = ..., num_kv_blocks_used: _Optional[int] = ..., num_kv_blocks_total: _Optional[int] = ..., kv_block_size: _Optional[int] = ..., num_forwards: _Optional[int] = ..., num_sequence_steps: _Optional[int] = ..., num_sequences_started: _Optional[int] = ..., num_waiting_sequences: _Optional[int] = ...) -> None: ...

@@ -88,3 +88,30 @@ def test_draft_proposals_equal_greedy_continuation_of_the_target_when_identical(
         return accepted
 
     assert asyncio.run(main()) == [3] * 5
+
+
+def test_long_prefill_is_chunked_and_gives_the_same_tokens(model_dirs):
+    """With a 8-token budget a 30-token prompt takes several iterations while another request
+    keeps verifying; the tokens equal those of an unchunked engine."""
+    from engine.target_engine import TargetEngineConfig
+
+    prompt, other = list(range(40, 70)), [5, 6, 7]
+
+    async def run(config: TargetEngineConfig):
+        engine = TargetEngine(_runner(model_dirs["target"]), config)
+        engine.start()
+        other_seq, _, _ = await engine.prefill(other, 20)
+
+        async def keep_verifying():
+            return [(await engine.verify(other_seq, [1]))[0].committed_ids for _ in range(6)]
+
+        (seq, first, _), other_out = await asyncio.gather(engine.prefill(prompt, 8), keep_verifying())
+        verification, _ = await engine.verify(seq, [3, 4])
+        forwards = engine.num_forwards
+        await engine.stop()
+        return first, verification.committed_ids, other_out, forwards
+
+    chunked = asyncio.run(run(TargetEngineConfig(max_num_batched_tokens=8)))
+    whole = asyncio.run(run(TargetEngineConfig(max_num_batched_tokens=2048)))
+    assert chunked[:3] == whole[:3]
+    assert chunked[3] > whole[3]  # the prompt took several forwards
