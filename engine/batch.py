@@ -36,11 +36,11 @@ class ForwardBatch:
 
     @property
     def num_sequences(self) -> int:
-        return len(self.context_slots)
+        return self.context_lens.shape[0]
 
 
 def build_forward_batch(steps: list[StepInput], device: torch.device) -> ForwardBatch:
-    """Reserves KV slots for every step and flattens the steps into one varlen batch."""
+    """Flattens the steps (whose KV slots are reserved) into one varlen batch."""
     input_ids: list[int] = []
     positions: list[int] = []
     slots: list[int] = []
@@ -49,7 +49,6 @@ def build_forward_batch(steps: list[StepInput], device: torch.device) -> Forward
     logits_indices: list[int] = []
     for step in steps:
         num_new, start = len(step.token_ids), step.kv.num_tokens
-        step.kv.reserve(num_new)
         input_ids += step.token_ids
         positions += range(start, start + num_new)
         slots += step.kv.slots(start, num_new)

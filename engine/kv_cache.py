@@ -24,9 +24,9 @@ class KVCacheConfig:
 class BlockAllocator:
     """Hands out block ids from a fixed pool; blocks are owned by exactly one sequence."""
 
-    def __init__(self, num_blocks: int) -> None:
+    def __init__(self, num_blocks: int, first_block_id: int = 0) -> None:
         self.num_blocks = num_blocks
-        self._free: deque[int] = deque(range(num_blocks))
+        self._free: deque[int] = deque(range(first_block_id, first_block_id + num_blocks))
 
     @property
     def num_free(self) -> int:
@@ -51,10 +51,14 @@ class BlockAllocator:
         self._free.extend(block_ids)
 
 
+SCRATCH_BLOCK = 0  # never allocated: padding tokens of a padded (graph) batch write here
+
+
 class KVPool:
     """Per-layer K and V block tensors plus the allocator that partitions them.
 
-    Shapes: k[layer], v[layer]: [num_blocks, block_size, num_kv_heads, head_dim].
+    Shapes: k[layer], v[layer]: [num_blocks + 1, block_size, num_kv_heads, head_dim]; block 0 is
+    the scratch block, sequences get blocks 1..num_blocks.
     """
 
     def __init__(
@@ -68,10 +72,10 @@ class KVPool:
     ) -> None:
         self.config = config
         self.block_size = config.block_size
-        shape = (config.num_blocks, config.block_size, num_kv_heads, head_dim)
+        shape = (config.num_blocks + 1, config.block_size, num_kv_heads, head_dim)
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.allocator = BlockAllocator(config.num_blocks)
+        self.allocator = BlockAllocator(config.num_blocks, first_block_id=SCRATCH_BLOCK + 1)
 
     def new_sequence(self) -> SequenceKV:
         return SequenceKV(self.allocator, self.block_size)

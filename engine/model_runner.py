@@ -9,6 +9,7 @@ import torch
 
 from engine.attention import paged_attention_reference
 from engine.batch import StepInput, build_forward_batch
+from engine.cuda_graphs import CudaGraphRunner, GraphConfig
 from engine.kv_cache import KVCacheConfig, KVPool
 from engine.llama import AttentionFn, CausalLM
 from engine.model_source import LoadedModel, default_cache_dir, load_pretrained
@@ -31,6 +32,7 @@ class RuntimeConfig:
     kv_cache_tokens: int = 65536
     kv_block_size: int = 16
     attention_backend: str = "auto"  # "triton" | "reference"; auto: triton on CUDA, reference on CPU
+    use_cuda_graphs: bool = True  # decode/verify steps replay captured graphs (CUDA only)
     cache_dir: Path = field(default_factory=default_cache_dir)
 
     def __post_init__(self) -> None:
@@ -72,6 +74,12 @@ class ModelRunner:
         )
         self.device = device
         self.attention = _attention_backend(config.attention_backend, device)
+        self.num_eager_steps = 0  # forwards that did not replay a graph (prefill chunks, CPU)
+        self.graphs: CudaGraphRunner | None = None
+        if config.use_cuda_graphs and device.type == "cuda":
+            self.graphs = CudaGraphRunner(self.model, self.kv, self.attention, self.max_model_len, GraphConfig(),
+                                          device)
+            self.graphs.capture_all()
         self.description = ModelDescription(
             model_id=loaded.model_id,
             architecture=hf_config.model_type,
@@ -91,11 +99,17 @@ class ModelRunner:
 
     def forward(self, steps: list[StepInput]) -> list[torch.Tensor]:
         """Appends each step's tokens to its sequence's KV; returns [num_logits, vocab] per step."""
-        batch = build_forward_batch(steps, self.device)
-        logits = self.model(batch, self.kv, self.attention)
+        for step in steps:
+            step.kv.reserve(len(step.token_ids))
+        if self.graphs is not None and self.graphs.can_run(steps):
+            per_step = self.graphs.run(steps)
+        else:
+            self.num_eager_steps += 1
+            logits = self.model(build_forward_batch(steps, self.device), self.kv, self.attention)
+            per_step = list(logits.split([s.num_logits for s in steps]))
         for step in steps:
             step.kv.commit(len(step.token_ids))
-        return list(logits.split([s.num_logits for s in steps]))
+        return per_step
 
 
 def _attention_backend(name: str, device: torch.device) -> AttentionFn:

@@ -31,6 +31,7 @@ def _batch_and_inputs(num_heads: int, num_kv_heads: int, head_dim: int, block_si
                 kv.commit(1)
     for kv, (num_q, ctx) in zip(kvs, sequences):
         kv.truncate(ctx - num_q)
+        kv.reserve(num_q)
     steps = [StepInput(kv, [0] * num_q, num_logits=0) for kv, (num_q, _) in zip(kvs, sequences)]
     batch = build_forward_batch(steps, torch.device(device))
     q = torch.randn(batch.cu_seqlens_q[-1], num_heads, head_dim, dtype=dtype, device=device)

@@ -19,7 +19,7 @@ def test_pool_shapes():
     pool = make_pool(num_blocks=5)
     assert len(pool.k) == len(pool.v) == 2
     for t in pool.k + pool.v:
-        assert t.shape == (5, BLOCK_SIZE, 2, 3)
+        assert t.shape == (6, BLOCK_SIZE, 2, 3)  # + the scratch block
     assert pool.allocator.num_free == 5
     assert pool.allocator.num_used == 0
 
@@ -76,15 +76,15 @@ def test_blocks_are_owned_by_one_sequence():
 def test_slots_map_through_block_table():
     pool = make_pool()
     a, b = pool.new_sequence(), pool.new_sequence()
-    a.reserve(4)  # block 0
-    b.reserve(4)  # block 1
+    a.reserve(4)  # block 1 (block 0 is the pool's scratch block)
+    b.reserve(4)  # block 2
     a.commit(4)
-    a.reserve(4)  # block 2: a's table is [0, 2], not contiguous
-    assert a.block_table == [0, 2]
-    assert a.slots(0, 4) == [0, 1, 2, 3]
-    assert a.slots(2, 4) == [2, 3, 8, 9]  # positions 4, 5 live in block 2
-    assert a.slots(7, 1) == [11]
-    assert b.slots(1, 2) == [5, 6]
+    a.reserve(4)  # block 3: a's table is [1, 3], not contiguous
+    assert a.block_table == [1, 3]
+    assert a.slots(0, 4) == [4, 5, 6, 7]
+    assert a.slots(2, 4) == [6, 7, 12, 13]  # positions 4, 5 live in block 3
+    assert a.slots(7, 1) == [15]
+    assert b.slots(1, 2) == [9, 10]
     assert a.slots(3, 0) == []
 
 
@@ -217,7 +217,7 @@ def test_release_is_idempotent():
     seq.release()
     seq.release()
     assert pool.allocator.num_free == pool.allocator.num_blocks
-    assert sorted(pool.allocator._free) == list(range(pool.allocator.num_blocks))  # no block freed twice
+    assert sorted(pool.allocator._free) == list(range(1, pool.allocator.num_blocks + 1))  # no block freed twice
 
 
 def test_reserve_after_release_asserts():
@@ -234,7 +234,7 @@ def test_released_blocks_are_reused():
     a.release()
     b = pool.new_sequence()
     b.reserve(8)
-    assert sorted(b.block_table) == [0, 1]
+    assert sorted(b.block_table) == [1, 2]  # block 0 is the scratch block, never handed out
 
 
 def test_allocate_beyond_pool_raises_capacity_error():
