@@ -80,6 +80,17 @@ def engine_steps(runner: ModelRunner, batch_size: int, num_q: int, iters: int) -
     return ms
 
 
+def graph_replay_ms(runner: ModelRunner) -> float:
+    """Device time of one bs1 decode replay alone (no host work): the rest of a step is overhead."""
+    kv = runner.kv.new_sequence()
+    runner.forward([StepInput(kv, [1] * PROMPT, 1)])
+    runner.forward([StepInput(kv, [2], 1)])  # fills the bucket's buffers
+    graph = runner.graphs._graphs[(1, 1)].graph
+    ms = cuda_ms(graph.replay, 50)
+    kv.release()
+    return ms
+
+
 def kernel_decode_bw(bandwidth: float, batch_size: int = 32, context: int = 4096) -> dict[str, float]:
     heads, kv_heads, head_dim, block = 32, 8, 128, 16
     blocks_per_seq = context // block
@@ -97,7 +108,10 @@ def kernel_decode_bw(bandwidth: float, batch_size: int = 32, context: int = 4096
     v = torch.randn_like(k)
     qs = q[:, :, None, :]
     sdpa_ms = cuda_ms(lambda: F.scaled_dot_product_attention(qs, k, v, enable_gqa=True), 50)
+    bs1_batch = build_forward_batch([StepInput(kvs[0], [0], 1)], torch.device("cuda"))
+    bs1_ms = cuda_ms(lambda: paged_attention_triton(q[:1], pool.k[0], pool.v[0], bs1_batch, head_dim**-0.5), 50)
     return {"kernel_bw_fraction_decode_bs32_ctx4096": kv_bytes / (ms / 1e3) / bandwidth,
+            "kernel_ms_decode_bs1_ctx4096": bs1_ms,
             "kernel_ms_decode_bs32_ctx4096": ms, "sdpa_ms_decode_bs32_ctx4096": sdpa_ms,
             "sdpa_bw_fraction_decode_bs32_ctx4096": kv_bytes / (sdpa_ms / 1e3) / bandwidth}
 
@@ -131,6 +145,8 @@ def main() -> None:
                                  "copy_bandwidth_tb_s": bandwidth / 1e12,
                                  "floor_ms_bs1": weight_bytes / bandwidth * 1e3}
     metrics["decode_ms_bs1"] = engine_steps(runner, 1, 1, DECODE)
+    metrics["graph_replay_ms_bs1"] = graph_replay_ms(runner)
+    metrics["host_overhead_ms_bs1"] = metrics["decode_ms_bs1"] - metrics["graph_replay_ms_bs1"]
     metrics["verify_ms_bs1_k4"] = engine_steps(runner, 1, 5, 100)
     metrics["verify_over_decode_bs1"] = metrics["verify_ms_bs1_k4"] / metrics["decode_ms_bs1"]
     for bs in (1, 8, 32):

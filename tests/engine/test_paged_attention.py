@@ -43,7 +43,9 @@ def _batch_and_inputs(num_heads: int, num_kv_heads: int, head_dim: int, block_si
     [(4, 4, 32, 16), (6, 2, 64, 16), (8, 2, 32, 32), (3, 1, 48, 16)],
 )
 def test_kernel_matches_reference_fp32(num_heads, num_kv_heads, head_dim, block_size):
-    q, k_cache, v_cache, batch = _batch_and_inputs(num_heads, num_kv_heads, head_dim, block_size, "cpu",
+    """Interpreted on CPU (CI); compiled, in exact fp32 ("ieee" dots), on a GPU."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    q, k_cache, v_cache, batch = _batch_and_inputs(num_heads, num_kv_heads, head_dim, block_size, device,
                                                    torch.float32)
     expected = paged_attention_reference(q, k_cache, v_cache, batch, head_dim**-0.5)
     actual = paged_attention_triton(q, k_cache, v_cache, batch, head_dim**-0.5)
