@@ -2,8 +2,9 @@
 KV cache, grouped-query, causal with each sequence's queries sitting at the end of its context.
 
 One program handles one sequence, one KV head and a tile of BLOCK_Q query tokens; its rows are
-(query token, query head of the group) pairs, so each K/V page is loaded once for the whole
-group. The loop runs over the sequence's pages with an online softmax (flash attention).
+(query token, query head of the group) pairs, so each K/V tile is loaded once for the whole
+group. The loop runs over BLOCK_N keys at a time (gathered across pages through the block
+table, so tiles stay large whatever the page size) with an online softmax (flash attention).
 The plain-PyTorch reference is `engine.attention.paged_attention_reference`.
 """
 from __future__ import annotations
@@ -29,6 +30,7 @@ def _paged_attention_kernel(
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
     BLOCK_Q: tl.constexpr,
     BLOCK_M: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
@@ -54,28 +56,26 @@ def _paged_attention_kernel(
         m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
         acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-        # keys past this tile's last query are masked anyway: do not read their pages
+        # keys past this tile's last query are masked anyway: do not read them
         last_q = tl.minimum((q_tile + 1) * BLOCK_Q, num_q) - 1
-        num_pages = tl.cdiv(context_len - num_q + last_q + 1, BLOCK_SIZE)
-        offs = tl.arange(0, BLOCK_SIZE)
-        for page in range(0, num_pages):
-            block_id = tl.load(block_tables_ptr + seq * stride_bt + page).to(tl.int64)
-            k_pos = page * BLOCK_SIZE + offs
-            kv_valid = (k_pos < context_len)[None, :] & d_valid[:, None]
-            k_t = tl.load(  # [BLOCK_D, BLOCK_SIZE]
-                k_cache_ptr + block_id * stride_kb + offs[None, :] * stride_ks + kv_head * stride_kh + d[:, None],
-                mask=kv_valid, other=0.0,
-            )
-            s = tl.dot(q, k_t, input_precision=DOT_PRECISION) * scale  # [BLOCK_M, BLOCK_SIZE]
+        num_keys = context_len - num_q + last_q + 1
+        offs = tl.arange(0, BLOCK_N)
+        for start in range(0, num_keys, BLOCK_N):
+            # BLOCK_N keys span several pages: gather each key's page from the block table
+            k_pos = start + offs
+            pos_valid = k_pos < num_keys
+            block_ids = tl.load(block_tables_ptr + seq * stride_bt + k_pos // BLOCK_SIZE, mask=pos_valid, other=0)
+            slot = block_ids.to(tl.int64) * stride_kb + (k_pos % BLOCK_SIZE) * stride_ks + kv_head * stride_kh
+            kv_valid = pos_valid[None, :] & d_valid[:, None]
+            k_t = tl.load(k_cache_ptr + slot[None, :] + d[:, None], mask=kv_valid, other=0.0)  # [BLOCK_D, BLOCK_N]
+            s = tl.dot(q, k_t, input_precision=DOT_PRECISION) * scale  # [BLOCK_M, BLOCK_N]
             s = tl.where((k_pos[None, :] <= q_pos[:, None]) & row_valid[:, None], s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, axis=1))
             m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing visible yet
             p = tl.exp(s - m_safe[:, None])
             alpha = tl.exp(m_i - m_safe)
-            v = tl.load(  # [BLOCK_SIZE, BLOCK_D]
-                v_cache_ptr + block_id * stride_vb + offs[:, None] * stride_vs + kv_head * stride_vh + d[None, :],
-                mask=tl.trans(kv_valid), other=0.0,
-            )
+            v_slot = block_ids.to(tl.int64) * stride_vb + (k_pos % BLOCK_SIZE) * stride_vs + kv_head * stride_vh
+            v = tl.load(v_cache_ptr + v_slot[:, None] + d[None, :], mask=tl.trans(kv_valid), other=0.0)
             l_i = l_i * alpha + tl.sum(p, axis=1)
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
             m_i = m_new
@@ -92,6 +92,9 @@ def paged_attention_triton(
     v_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
     batch: ForwardBatch,
     scale: float,
+    block_n: int = 64,
+    num_warps: int = 4,
+    num_stages: int = 2,
 ) -> torch.Tensor:  # [T, num_heads, head_dim]
     """Asserting host wrapper: every shape, dtype and stride is checked before launch."""
     num_tokens, num_heads, head_dim = q.shape
@@ -101,7 +104,6 @@ def paged_attention_triton(
     assert cache_head_dim == head_dim, f"head_dim {head_dim} vs cache {cache_head_dim}"
     assert num_heads % num_kv_heads == 0, f"{num_heads} heads not a multiple of {num_kv_heads} KV heads"
     assert q.stride(-1) == k_cache.stride(-1) == v_cache.stride(-1) == 1, "head_dim must be contiguous"
-    assert block_size >= 16 and block_size & (block_size - 1) == 0, "block_size must be a power of 2 >= 16"
     num_seqs = batch.context_lens.shape[0]
     assert batch.cu_seqlens_q_t.shape == (num_seqs + 1,) and batch.cu_seqlens_q_t.dtype == torch.int32
     assert batch.context_lens.dtype == torch.int32 and batch.block_tables.dtype == torch.int32
@@ -122,8 +124,9 @@ def paged_attention_triton(
         out.stride(0), out.stride(1),
         batch.block_tables.stride(0),
         GROUP=group, HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim),
-        BLOCK_SIZE=block_size, BLOCK_Q=block_q, BLOCK_M=block_m,
+        BLOCK_SIZE=block_size, BLOCK_N=block_n, BLOCK_Q=block_q, BLOCK_M=block_m,
         # float32 models stay exact float32 (no TF32), so greedy output matches the reference
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        num_warps=num_warps, num_stages=num_stages,
     )
     return out

@@ -52,10 +52,11 @@ def test_kernel_matches_reference_fp32(num_heads, num_kv_heads, head_dim, block_
     torch.testing.assert_close(actual, expected, atol=1e-5, rtol=1e-5)
 
 
-def test_wrapper_rejects_a_block_size_the_kernel_cannot_tile():
-    q, k_cache, v_cache, batch = _batch_and_inputs(4, 2, 32, 8, "cpu", torch.float32, [(1, 9)])
-    with pytest.raises(AssertionError, match="block_size must be a power of 2 >= 16"):
-        paged_attention_triton(q, k_cache, v_cache, batch, 1.0)
+def test_small_pages_are_gathered_into_full_tiles():
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    q, k_cache, v_cache, batch = _batch_and_inputs(4, 2, 32, 8, device, torch.float32, [(1, 9), (5, 70), (12, 12)])
+    expected = paged_attention_reference(q, k_cache, v_cache, batch, 0.2)
+    torch.testing.assert_close(paged_attention_triton(q, k_cache, v_cache, batch, 0.2), expected, atol=1e-5, rtol=1e-5)
 
 
 def test_wrapper_rejects_mismatched_dtypes():
