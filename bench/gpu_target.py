@@ -22,6 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from engine.batch import StepInput, build_forward_batch  # noqa: E402
+from timing import cuda_ms  # noqa: E402
 from engine.kv_cache import KVCacheConfig, KVPool  # noqa: E402
 from engine.model_runner import ModelRunner, RuntimeConfig  # noqa: E402
 from engine.model_source import LoadedModel  # noqa: E402
@@ -33,16 +34,6 @@ LLAMA_8B = dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, nu
 PROMPT, DECODE = 512, 256
 
 
-def cuda_ms(fn, iters: int = 20) -> float:
-    fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / iters
 
 
 def copy_bandwidth() -> float:

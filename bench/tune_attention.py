@@ -14,20 +14,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from engine.batch import StepInput, build_forward_batch  # noqa: E402
+from timing import cuda_ms  # noqa: E402
 from engine.kv_cache import KVCacheConfig, KVPool  # noqa: E402
 from engine.triton_attention import paged_attention_triton  # noqa: E402
 
 
-def time_ms(fn, iters: int = 50) -> float:
-    fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / iters
 
 
 def main() -> None:
@@ -44,7 +35,7 @@ def main() -> None:
         kv_bytes = 2 * batch_size * context * 8 * 128 * 2
         for block_n, warps, stages in itertools.product((32, 64, 128), (2, 4, 8), (1, 2, 3)):
             try:
-                ms = time_ms(lambda: paged_attention_triton(q, pool.k[0], pool.v[0], batch, 0.088, block_n, warps, stages))
+                ms = cuda_ms(lambda: paged_attention_triton(q, pool.k[0], pool.v[0], batch, 0.088, block_n, warps, stages))
             except Exception as e:  # e.g. out of shared memory
                 print(f"skip {block_n=} {warps=} {stages=}: {type(e).__name__}")
                 continue
