@@ -48,6 +48,49 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos[:, None, :] + rotated * sin[:, None, :]
 
 
+def pre_attention(
+    hidden: torch.Tensor,  # [T, hidden]
+    norm_weight: torch.Tensor,
+    qkv: nn.Linear,
+    cos: torch.Tensor,  # [T, head_dim]
+    sin: torch.Tensor,  # [T, head_dim]
+    shape: ModelShape,
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # q [T, H, D], k and v [T, KVH, D]
+    q_size, kv_size = shape.num_heads * shape.head_dim, shape.num_kv_heads * shape.head_dim
+    q, k, v = qkv(rms_norm(hidden, norm_weight, eps)).split([q_size, kv_size, kv_size], dim=-1)
+    q = apply_rope(q.view(-1, shape.num_heads, shape.head_dim), cos, sin)
+    k = apply_rope(k.view(-1, shape.num_kv_heads, shape.head_dim), cos, sin)
+    return q, k, v.view(-1, shape.num_kv_heads, shape.head_dim)
+
+
+def post_attention(
+    hidden: torch.Tensor,  # [T, hidden] the layer's input (residual)
+    attn: torch.Tensor,  # [T, H, D]
+    o_proj: nn.Linear,
+    norm_weight: torch.Tensor,
+    gate_up: nn.Linear,
+    down_proj: nn.Linear,
+    eps: float,
+) -> torch.Tensor:  # [T, hidden]
+    hidden = hidden + o_proj(attn.flatten(1))
+    gate, up = gate_up(rms_norm(hidden, norm_weight, eps)).chunk(2, dim=-1)
+    return hidden + down_proj(F.silu(gate) * up)
+
+
+@dataclass
+class LayerStages:
+    """The element-wise-heavy parts of a layer around attention; torch.compile fuses them on GPU."""
+
+    pre_attention: Callable = pre_attention
+    post_attention: Callable = post_attention
+
+    def compiled(self) -> LayerStages:
+        # dynamic: one graph serves every token count (bucket sizes and prefill chunks)
+        return LayerStages(torch.compile(pre_attention, dynamic=True, fullgraph=True),
+                           torch.compile(post_attention, dynamic=True, fullgraph=True))
+
+
 class DecoderLayer(nn.Module):
     def __init__(self, hf_layer: nn.Module, shape: ModelShape, eps: float) -> None:
         super().__init__()
@@ -69,19 +112,13 @@ class DecoderLayer(nn.Module):
         v_cache: torch.Tensor,
         batch: ForwardBatch,
         attention: AttentionFn,
+        stages: LayerStages,
     ) -> torch.Tensor:
-        s = self.shape
-        q_size, kv_size = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim
-        q, k, v = self.qkv(rms_norm(hidden, self.input_norm, self.eps)).split(
-            [q_size, kv_size, kv_size], dim=-1
-        )
-        q = apply_rope(q.view(-1, s.num_heads, s.head_dim), cos, sin)
-        k = apply_rope(k.view(-1, s.num_kv_heads, s.head_dim), cos, sin)
-        write_kv(k, v.view(-1, s.num_kv_heads, s.head_dim), k_cache, v_cache, batch.slot_mapping)
-        attn = attention(q, k_cache, v_cache, batch, s.head_dim**-0.5)
-        hidden = hidden + self.o_proj(attn.reshape(-1, q_size))
-        gate, up = self.gate_up(rms_norm(hidden, self.post_attention_norm, self.eps)).chunk(2, dim=-1)
-        return hidden + self.down_proj(F.silu(gate) * up)
+        q, k, v = stages.pre_attention(hidden, self.input_norm, self.qkv, cos, sin, self.shape, self.eps)
+        write_kv(k, v, k_cache, v_cache, batch.slot_mapping)
+        attn = attention(q, k_cache, v_cache, batch, self.shape.head_dim**-0.5)
+        return stages.post_attention(hidden, attn, self.o_proj, self.post_attention_norm, self.gate_up,
+                                     self.down_proj, self.eps)
 
 
 class CausalLM(nn.Module):
@@ -106,6 +143,11 @@ class CausalLM(nn.Module):
         cos, sin = _rope_tables(inner.rotary_emb, max_model_len, self.embed_tokens.weight)
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
+        self.stages = LayerStages()
+
+    def compile_stages(self) -> None:
+        """Fuses each layer's norms, rotary, residuals and activation with torch.compile (GPU)."""
+        self.stages = self.stages.compiled()
 
     @torch.inference_mode()
     def forward(
@@ -114,7 +156,7 @@ class CausalLM(nn.Module):
         hidden = self.embed_tokens(batch.input_ids)
         cos, sin = self.cos[batch.positions], self.sin[batch.positions]
         for layer, k_cache, v_cache in zip(self.layers, kv.k, kv.v):
-            hidden = layer(hidden, cos, sin, k_cache, v_cache, batch, attention)
+            hidden = layer(hidden, cos, sin, k_cache, v_cache, batch, attention, self.stages)
         hidden = rms_norm(hidden[batch.logits_indices], self.norm, self.eps)
         return self.lm_head(hidden).float()
 

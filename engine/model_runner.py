@@ -33,6 +33,7 @@ class RuntimeConfig:
     kv_block_size: int = 16
     attention_backend: str = "auto"  # "triton" | "reference"; auto: triton on CUDA, reference on CPU
     use_cuda_graphs: bool = True  # decode/verify steps replay captured graphs (CUDA only)
+    use_compile: bool = True  # torch.compile each layer's element-wise stages (CUDA only)
     cache_dir: Path = field(default_factory=default_cache_dir)
 
     def __post_init__(self) -> None:
@@ -76,6 +77,8 @@ class ModelRunner:
         self.attention = _attention_backend(config.attention_backend, device)
         self.num_eager_steps = 0  # forwards that did not replay a graph (prefill chunks, CPU)
         self.graphs: CudaGraphRunner | None = None
+        if config.use_compile and device.type == "cuda":
+            self.model.compile_stages()
         if config.use_cuda_graphs and device.type == "cuda":
             self.graphs = CudaGraphRunner(self.model, self.kv, self.attention, self.max_model_len, GraphConfig(),
                                           device)

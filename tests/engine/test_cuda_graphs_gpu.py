@@ -1,4 +1,5 @@
-"""CUDA-graph replays compute what the eager forward computes, and steady state never recaptures."""
+"""CUDA-graph replays compute what the eager forward computes, and steady state never recaptures
+or recompiles (torch.compile'd layer stages)."""
 from __future__ import annotations
 
 import pytest
@@ -22,6 +23,7 @@ def test_graph_replays_match_eager_forwards_and_never_recapture(model_dirs):
     seqs = {r: [r.kv.new_sequence() for _ in prompts] for r in (graphed, eager)}
     for r in (graphed, eager):  # prefills of > 8 tokens run eagerly in both
         r.forward([StepInput(kv, p, 1) for kv, p in zip(seqs[r], prompts)])
+    compiled_graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
     torch.manual_seed(0)
     for step in range(12):  # decode and verify shapes, mixed within a batch, batch sizes 1..3
         sizes = torch.randint(1, 6, (1 + step % 3,)).tolist()
@@ -35,4 +37,5 @@ def test_graph_replays_match_eager_forwards_and_never_recapture(model_dirs):
                 kv.truncate(kv.num_tokens - n // 2)
     assert graphed.graphs.num_replays == 12
     assert graphed.graphs.num_captures == captures  # no capture after start-up
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == compiled_graphs  # and no recompile
     assert graphed.num_eager_steps == 1  # only the long prefill
