@@ -30,6 +30,7 @@ class RuntimeConfig:
     dtype: str = "float32"
     max_model_len: int | None = None  # None: the model's own limit
     kv_cache_tokens: int = 65536
+    kv_cache_memory_fraction: float | None = None  # CUDA: size the pool from free memory instead
     kv_block_size: int = 16
     attention_backend: str = "auto"  # "triton" | "reference"; auto: triton on CUDA, reference on CPU
     use_cuda_graphs: bool = True  # decode/verify steps replay captured graphs (CUDA only)
@@ -41,6 +42,8 @@ class RuntimeConfig:
             raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
         if self.kv_cache_tokens < self.kv_block_size:
             raise ValueError("kv_cache_tokens must hold at least one block")
+        if self.kv_cache_memory_fraction is not None and not 0 < self.kv_cache_memory_fraction < 1:
+            raise ValueError(f"kv_cache_memory_fraction must be in (0, 1), got {self.kv_cache_memory_fraction}")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError("max_model_len must be >= 2")
         if self.attention_backend not in ("auto", "triton", "reference"):
@@ -68,7 +71,12 @@ class ModelRunner:
         self.model = CausalLM(loaded.hf_model, self.max_model_len)
         self.tokenizer = loaded.tokenizer
         shape = self.model.shape
-        num_blocks = config.kv_cache_tokens // config.kv_block_size
+        num_tokens = config.kv_cache_tokens
+        if config.kv_cache_memory_fraction is not None and device.type == "cuda":
+            free_bytes, _ = torch.cuda.mem_get_info(device)
+            bytes_per_token = 2 * shape.num_layers * shape.num_kv_heads * shape.head_dim * dtype.itemsize
+            num_tokens = kv_tokens_for_memory(free_bytes, config.kv_cache_memory_fraction, bytes_per_token)
+        num_blocks = num_tokens // config.kv_block_size
         self.kv = KVPool(
             KVCacheConfig(num_blocks, config.kv_block_size),
             shape.num_layers, shape.num_kv_heads, shape.head_dim, dtype, device,
@@ -113,6 +121,11 @@ class ModelRunner:
         for step in steps:
             step.kv.commit(len(step.token_ids))
         return per_step
+
+
+def kv_tokens_for_memory(free_bytes: int, fraction: float, bytes_per_token: int) -> int:
+    """KV tokens that fit in `fraction` of the free device memory (K and V of every layer)."""
+    return int(free_bytes * fraction) // bytes_per_token
 
 
 def _attention_backend(name: str, device: torch.device) -> AttentionFn:

@@ -32,6 +32,8 @@ def add_runtime_args(parser: argparse.ArgumentParser, prefix: str, default_model
     parser.add_argument("--dtype", default=env("dtype", None), help="float32 (CPU default) or bfloat16 (GPU default)")
     parser.add_argument("--max-model-len", type=int, default=env("max_model_len", None))
     parser.add_argument("--kv-cache-tokens", type=int, default=env("kv_cache_tokens", 65536))
+    parser.add_argument("--kv-cache-memory-fraction", type=float, default=env("kv_cache_memory_fraction", None),
+                        help="CUDA: give the KV pool this fraction of the free memory (overrides --kv-cache-tokens)")
     parser.add_argument("--attention-backend", choices=["auto", "triton", "reference"],
                         default=env("attention_backend", "auto"), help="auto: triton on CUDA, reference on CPU")
     parser.add_argument("--max-batch-size", type=int, default=env("max_batch_size", 64))
@@ -48,6 +50,7 @@ def runtime_config(args: argparse.Namespace) -> RuntimeConfig:
         dtype=dtype,
         max_model_len=int(args.max_model_len) if args.max_model_len else None,
         kv_cache_tokens=int(args.kv_cache_tokens),
+        kv_cache_memory_fraction=float(args.kv_cache_memory_fraction) if args.kv_cache_memory_fraction else None,
         attention_backend=args.attention_backend,
     )
 

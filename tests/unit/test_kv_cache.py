@@ -291,3 +291,10 @@ def test_can_reserve_predicts_reserve(committed, num_new_tokens):
         succeeded = False
     assert predicted == succeeded
     assert predicted == (committed + num_new_tokens <= 3 * BLOCK_SIZE)
+
+
+def test_kv_tokens_for_memory_fraction():
+    from engine.model_runner import kv_tokens_for_memory
+
+    # Llama-3.1-8B in bf16: 2 (K, V) x 32 layers x 8 KV heads x 128 dims x 2 bytes = 128 KiB per token
+    assert kv_tokens_for_memory(100 * 2**30, 0.5, 2 * 32 * 8 * 128 * 2) == 409600
