@@ -26,13 +26,15 @@ def paged_attention_reference(
     scale: float,
 ) -> torch.Tensor:  # [T, num_heads, head_dim]
     """Varlen causal attention: sequence i's queries sit at the end of its context."""
-    num_heads, num_kv_heads = q.shape[1], k_cache.shape[2]
+    num_heads, block_size, num_kv_heads = q.shape[1], k_cache.shape[1], k_cache.shape[2]
     flat_k = k_cache.view(-1, *k_cache.shape[2:])
     flat_v = v_cache.view(-1, *v_cache.shape[2:])
     out = torch.empty_like(q)
-    for i, context_slots in enumerate(batch.context_slots):
+    for i, num_ctx in enumerate(batch.context_lens.tolist()):
         start, end = batch.cu_seqlens_q[i], batch.cu_seqlens_q[i + 1]
-        num_q, num_ctx = end - start, context_slots.numel()
+        num_q = end - start
+        positions = torch.arange(num_ctx, device=q.device)
+        context_slots = batch.block_tables[i, positions // block_size].long() * block_size + positions % block_size
         qi = q[start:end].transpose(0, 1)  # [H, num_q, D]
         ki = flat_k[context_slots].transpose(0, 1)  # [KVH, num_ctx, D]
         vi = flat_v[context_slots].transpose(0, 1)

@@ -31,7 +31,6 @@ class ForwardBatch:
     context_lens: torch.Tensor  # [B] int32 tokens in each sequence's KV after this step
     block_tables: torch.Tensor  # [B, max_blocks] int32 block ids (padding: 0)
     max_num_q: int  # the most new tokens of any one sequence
-    context_slots: list[torch.Tensor]  # B x [context_len] slots each sequence attends to (reference)
     logits_indices: torch.Tensor  # [N] rows of the hidden states that need logits
 
     @property
@@ -45,7 +44,6 @@ def build_forward_batch(steps: list[StepInput], device: torch.device) -> Forward
     positions: list[int] = []
     slots: list[int] = []
     cu_seqlens_q = [0]
-    context_slots: list[torch.Tensor] = []
     logits_indices: list[int] = []
     for step in steps:
         num_new, start = len(step.token_ids), step.kv.num_tokens
@@ -53,7 +51,6 @@ def build_forward_batch(steps: list[StepInput], device: torch.device) -> Forward
         positions += range(start, start + num_new)
         slots += step.kv.slots(start, num_new)
         cu_seqlens_q.append(cu_seqlens_q[-1] + num_new)
-        context_slots.append(torch.tensor(step.kv.slots(0, start + num_new), device=device))
         logits_indices += range(cu_seqlens_q[-1] - step.num_logits, cu_seqlens_q[-1])
     as_tensor = lambda xs, dtype=torch.long: torch.tensor(xs, dtype=dtype, device=device)  # noqa: E731
     max_blocks = max(len(step.kv.block_table) for step in steps)
@@ -67,6 +64,5 @@ def build_forward_batch(steps: list[StepInput], device: torch.device) -> Forward
         context_lens=as_tensor([s.kv.num_tokens + len(s.token_ids) for s in steps], torch.int32),
         block_tables=as_tensor(block_tables, torch.int32),
         max_num_q=max(len(step.token_ids) for step in steps),
-        context_slots=context_slots,
         logits_indices=as_tensor(logits_indices),
     )

@@ -65,6 +65,9 @@ class BatchingLoop(Generic[J, R]):
             while self._pending:
                 batch = self._pending[: self._max_batch_size]
                 del self._pending[: self._max_batch_size]
+                batch = [(job, future) for job, future in batch if not future.done()]  # drop cancelled
+                if not batch:
+                    continue
                 try:
                     results = await loop.run_in_executor(self.executor, self._process, [j for j, _ in batch])
                 except Exception as e:  # a bug in process: fail this batch, keep serving

@@ -9,7 +9,6 @@ run eagerly.
 from __future__ import annotations
 
 import bisect
-import logging
 from dataclasses import dataclass
 
 import torch
@@ -18,9 +17,6 @@ from tqdm import tqdm
 from engine.batch import ForwardBatch, StepInput
 from engine.kv_cache import SCRATCH_BLOCK, KVPool
 from engine.llama import AttentionFn, CausalLM
-
-log = logging.getLogger(__name__)
-
 
 @dataclass(frozen=True)
 class GraphConfig:
@@ -41,7 +37,6 @@ class CudaGraphRunner:
         self._model, self._kv, self._attention = model, kv, attention
         self._config = config
         self._device = device
-        self._max_model_len = max_model_len
         # wide enough for a padded step at the very end of the context
         self._max_blocks = -(-(max_model_len + max(config.query_buckets)) // kv.block_size)
         self._graphs: dict[tuple[int, int], _Graph] = {}
@@ -103,7 +98,6 @@ class CudaGraphRunner:
             context_lens=torch.full((b,), q, dtype=torch.int32, device=device),
             block_tables=torch.full((b, self._max_blocks), SCRATCH_BLOCK, dtype=torch.int32, device=device),
             max_num_q=q,
-            context_slots=[],
             logits_indices=torch.arange(b * q, device=device),
         )
         stream = torch.cuda.Stream()

@@ -1,7 +1,7 @@
 """The drafter interface the draft service serves, and the per-request draft bookkeeping."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 from engine.kv_cache import SequenceKV
@@ -17,7 +17,6 @@ class DraftSequence:
     num_proposed: int = 0  # trailing entries of token_ids that are unverified proposals
     kv: SequenceKV | None = None  # model drafters only
     num_promised_blocks: int = 0  # what KV admission promised (model drafters only)
-    meta: dict[str, int] = field(default_factory=dict)
 
     def reconcile(self, num_accepted: int, append_ids: list[int]) -> int:
         """Keeps the first `num_accepted` proposed tokens, drops the rest, appends `append_ids`.

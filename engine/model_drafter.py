@@ -12,11 +12,11 @@ from dataclasses import dataclass
 
 from engine.batch import StepInput
 from engine.batching_loop import BatchingLoop
-from engine.kv_cache import KVAdmission
 from engine.drafter import DraftSequence, ProposeTiming, check_propose
+from engine.kv_cache import KVAdmission
 from engine.limits import check_new_sequence
 from engine.model_runner import ModelRunner
-from specdec.errors import CapacityError
+from specdec.errors import CapacityError, InvalidRequestError
 
 
 @dataclass(frozen=True)
@@ -92,12 +92,15 @@ class ModelDrafter:
         active: list[_Job] = []
         for job in jobs:
             kv = job.seq.kv
-            if job.num_draft_tokens and not kv.is_released:
+            if kv.is_released:
+                results.append(InvalidRequestError("sequence was released"))
+                continue
+            if job.num_draft_tokens:
                 kv.truncate(min(kv.num_tokens, job.num_kv_valid))  # roll back rejected drafts
             pending = job.seq.token_ids[kv.num_tokens:]
             # the last proposed token is never fed, so room for pending + k - 1 tokens
             needed = len(pending) + max(job.num_draft_tokens - 1, 0)
-            if kv.is_released or not kv.can_reserve(needed):
+            if not kv.can_reserve(needed):  # admission makes this unreachable; kept as a guard
                 results.append(CapacityError("draft KV cache is full; retry later"))
                 continue
             kv.reserve(needed)

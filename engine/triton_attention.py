@@ -128,8 +128,11 @@ def paged_attention_triton(
     out = torch.empty_like(q)
     num_tiles = num_seqs * num_kv_heads * triton.cdiv(batch.max_num_q, block_q)
     splits = num_splits or _num_splits(num_tiles, q.device)
-    part_out = torch.empty((splits, num_tokens, num_heads, head_dim), dtype=torch.float32, device=q.device)
-    part_lse = torch.empty((splits, num_tokens, num_heads), dtype=torch.float32, device=q.device)
+    if splits > 1:
+        part_out = torch.empty((splits, num_tokens, num_heads, head_dim), dtype=torch.float32, device=q.device)
+        part_lse = torch.empty((splits, num_tokens, num_heads), dtype=torch.float32, device=q.device)
+    else:  # the kernel writes `out` directly and never touches the partial buffers
+        part_out = part_lse = torch.empty((1, 1, 1, 1), dtype=torch.float32, device=q.device)
     grid = (num_seqs, num_kv_heads, triton.cdiv(batch.max_num_q, block_q) * splits)
     _paged_attention_kernel[grid](
         q, k_cache, v_cache, out, part_out, part_lse,

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import grpc
@@ -33,17 +34,22 @@ def build_request(prompt: str, chat: bool, max_new_tokens: int | None, num_draft
     return request
 
 
-def stream(address: str, request: gateway_pb2.GenerateRequest, on_chunk=None, timeout_s: float = 600) -> Completion:
-    """Runs Generate; calls on_chunk(chunk) for each chunk; returns the whole completion."""
+def collect(chunks: Iterable[gateway_pb2.GenerateResponse], on_chunk=None) -> Completion:
+    """Joins a Generate stream's chunks; calls on_chunk(chunk) for each as it arrives."""
     token_ids, text, final = [], "", None
-    with grpc.insecure_channel(address) as channel:
-        for chunk in gateway_pb2_grpc.GatewayStub(channel).Generate(request, timeout=timeout_s):
-            token_ids += chunk.token_ids
-            text += chunk.text
-            final = chunk
-            if on_chunk is not None:
-                on_chunk(chunk)
+    for chunk in chunks:
+        token_ids += chunk.token_ids
+        text += chunk.text
+        final = chunk
+        if on_chunk is not None:
+            on_chunk(chunk)
     return Completion(token_ids, text, final)
+
+
+def stream(address: str, request: gateway_pb2.GenerateRequest, on_chunk=None, timeout_s: float = 600) -> Completion:
+    """Runs Generate on the gateway at `address`; returns the whole completion."""
+    with grpc.insecure_channel(address) as channel:
+        return collect(gateway_pb2_grpc.GatewayStub(channel).Generate(request, timeout=timeout_s), on_chunk)
 
 
 def format_stats(final: gateway_pb2.GenerateResponse) -> str:

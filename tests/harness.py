@@ -9,6 +9,7 @@ from typing import Any
 
 import grpc
 
+from specdec.client import collect
 from specdec.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 
 
@@ -32,12 +33,8 @@ def channel(port: int) -> grpc.Channel:
 
 def generate(stub: gateway_pb2_grpc.GatewayStub, **fields) -> tuple[list[int], str, gateway_pb2.GenerateResponse]:
     """Runs Generate to the end; returns (token ids, text, final chunk)."""
-    token_ids, text, final = [], "", None
-    for chunk in stub.Generate(gateway_pb2.GenerateRequest(**fields), timeout=120):
-        token_ids += chunk.token_ids
-        text += chunk.text
-        final = chunk
-    return token_ids, text, final
+    completion = collect(stub.Generate(gateway_pb2.GenerateRequest(**fields), timeout=120))
+    return completion.token_ids, completion.text, completion.final
 
 
 def kv_blocks_used(stub) -> int:
