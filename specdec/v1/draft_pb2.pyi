@@ -7,6 +7,54 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class LoadDraftRequest(_message.Message):
+    __slots__ = ("name", "model", "make_default", "expected_tokenizer_fingerprint", "replace")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    MAKE_DEFAULT_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_TOKENIZER_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    REPLACE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    model: str
+    make_default: bool
+    expected_tokenizer_fingerprint: str
+    replace: bool
+    def __init__(self, name: _Optional[str] = ..., model: _Optional[str] = ..., make_default: _Optional[bool] = ..., expected_tokenizer_fingerprint: _Optional[str] = ..., replace: _Optional[bool] = ...) -> None: ...
+
+class DraftEntry(_message.Message):
+    __slots__ = ("name", "info", "is_default")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    INFO_FIELD_NUMBER: _ClassVar[int]
+    IS_DEFAULT_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    info: _common_pb2.ModelInfo
+    is_default: bool
+    def __init__(self, name: _Optional[str] = ..., info: _Optional[_Union[_common_pb2.ModelInfo, _Mapping]] = ..., is_default: _Optional[bool] = ...) -> None: ...
+
+class LoadDraftResponse(_message.Message):
+    __slots__ = ("loaded", "load_s")
+    LOADED_FIELD_NUMBER: _ClassVar[int]
+    LOAD_S_FIELD_NUMBER: _ClassVar[int]
+    loaded: DraftEntry
+    load_s: float
+    def __init__(self, loaded: _Optional[_Union[DraftEntry, _Mapping]] = ..., load_s: _Optional[float] = ...) -> None: ...
+
+class UnloadDraftRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class ListDraftsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListDraftsResponse(_message.Message):
+    __slots__ = ("drafts",)
+    DRAFTS_FIELD_NUMBER: _ClassVar[int]
+    drafts: _containers.RepeatedCompositeFieldContainer[DraftEntry]
+    def __init__(self, drafts: _Optional[_Iterable[_Union[DraftEntry, _Mapping]]] = ...) -> None: ...
+
 class DraftRequest(_message.Message):
     __slots__ = ("start", "propose")
     START_FIELD_NUMBER: _ClassVar[int]
@@ -16,12 +64,14 @@ class DraftRequest(_message.Message):
     def __init__(self, start: _Optional[_Union[StartCommand, _Mapping]] = ..., propose: _Optional[_Union[ProposeCommand, _Mapping]] = ...) -> None: ...
 
 class StartCommand(_message.Message):
-    __slots__ = ("prompt_ids", "max_new_tokens")
+    __slots__ = ("prompt_ids", "max_new_tokens", "draft_model")
     PROMPT_IDS_FIELD_NUMBER: _ClassVar[int]
     MAX_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_MODEL_FIELD_NUMBER: _ClassVar[int]
     prompt_ids: _containers.RepeatedScalarFieldContainer[int]
     max_new_tokens: int
-    def __init__(self, prompt_ids: _Optional[_Iterable[int]] = ..., max_new_tokens: _Optional[int] = ...) -> None: ...
+    draft_model: str
+    def __init__(self, prompt_ids: _Optional[_Iterable[int]] = ..., max_new_tokens: _Optional[int] = ..., draft_model: _Optional[str] = ...) -> None: ...
 
 class ProposeCommand(_message.Message):
     __slots__ = ("num_accepted_draft_tokens", "append_ids", "num_draft_tokens")

@@ -52,6 +52,21 @@ class DraftServiceStub:
                 request_serializer=specdec_dot_v1_dot_common__pb2.EngineStatsRequest.SerializeToString,
                 response_deserializer=specdec_dot_v1_dot_common__pb2.EngineStats.FromString,
                 _registered_method=True)
+        self.LoadDraft = channel.unary_unary(
+                '/specdec.v1.DraftService/LoadDraft',
+                request_serializer=specdec_dot_v1_dot_draft__pb2.LoadDraftRequest.SerializeToString,
+                response_deserializer=specdec_dot_v1_dot_draft__pb2.LoadDraftResponse.FromString,
+                _registered_method=True)
+        self.UnloadDraft = channel.unary_unary(
+                '/specdec.v1.DraftService/UnloadDraft',
+                request_serializer=specdec_dot_v1_dot_draft__pb2.UnloadDraftRequest.SerializeToString,
+                response_deserializer=specdec_dot_v1_dot_draft__pb2.ListDraftsResponse.FromString,
+                _registered_method=True)
+        self.ListDrafts = channel.unary_unary(
+                '/specdec.v1.DraftService/ListDrafts',
+                request_serializer=specdec_dot_v1_dot_draft__pb2.ListDraftsRequest.SerializeToString,
+                response_deserializer=specdec_dot_v1_dot_draft__pb2.ListDraftsResponse.FromString,
+                _registered_method=True)
 
 
 class DraftServiceServicer:
@@ -75,7 +90,32 @@ class DraftServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def GetEngineStats(self, request, context):
-        """/ Returns engine counters (KV usage, active sequences).
+        """/ Returns engine counters (KV usage, active sequences) of the default draft.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def LoadDraft(self, request, context):
+        """/ Admin: loads a draft model under a name while serving (optionally making it the default,
+        / which switches new requests to it atomically). Needs the admin token in the
+        / `authorization: Bearer TOKEN` metadata. A draft whose tokenizer differs from the served
+        / drafts' is refused with FAILED_PRECONDITION.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UnloadDraft(self, request, context):
+        """/ Admin: unloads a named draft (not the default). Its in-flight sequences finish on it; its
+        / memory is freed when the last one ends.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListDrafts(self, request, context):
+        """/ Lists the loaded drafts and which one is the default.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -98,6 +138,21 @@ def add_DraftServiceServicer_to_server(servicer, server):
                     servicer.GetEngineStats,
                     request_deserializer=specdec_dot_v1_dot_common__pb2.EngineStatsRequest.FromString,
                     response_serializer=specdec_dot_v1_dot_common__pb2.EngineStats.SerializeToString,
+            ),
+            'LoadDraft': grpc.unary_unary_rpc_method_handler(
+                    servicer.LoadDraft,
+                    request_deserializer=specdec_dot_v1_dot_draft__pb2.LoadDraftRequest.FromString,
+                    response_serializer=specdec_dot_v1_dot_draft__pb2.LoadDraftResponse.SerializeToString,
+            ),
+            'UnloadDraft': grpc.unary_unary_rpc_method_handler(
+                    servicer.UnloadDraft,
+                    request_deserializer=specdec_dot_v1_dot_draft__pb2.UnloadDraftRequest.FromString,
+                    response_serializer=specdec_dot_v1_dot_draft__pb2.ListDraftsResponse.SerializeToString,
+            ),
+            'ListDrafts': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListDrafts,
+                    request_deserializer=specdec_dot_v1_dot_draft__pb2.ListDraftsRequest.FromString,
+                    response_serializer=specdec_dot_v1_dot_draft__pb2.ListDraftsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -183,6 +238,87 @@ class DraftService:
             '/specdec.v1.DraftService/GetEngineStats',
             specdec_dot_v1_dot_common__pb2.EngineStatsRequest.SerializeToString,
             specdec_dot_v1_dot_common__pb2.EngineStats.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LoadDraft(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/specdec.v1.DraftService/LoadDraft',
+            specdec_dot_v1_dot_draft__pb2.LoadDraftRequest.SerializeToString,
+            specdec_dot_v1_dot_draft__pb2.LoadDraftResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UnloadDraft(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/specdec.v1.DraftService/UnloadDraft',
+            specdec_dot_v1_dot_draft__pb2.UnloadDraftRequest.SerializeToString,
+            specdec_dot_v1_dot_draft__pb2.ListDraftsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListDrafts(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/specdec.v1.DraftService/ListDrafts',
+            specdec_dot_v1_dot_draft__pb2.ListDraftsRequest.SerializeToString,
+            specdec_dot_v1_dot_draft__pb2.ListDraftsResponse.FromString,
             options,
             channel_credentials,
             insecure,

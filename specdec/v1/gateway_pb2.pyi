@@ -33,20 +33,22 @@ class ChatMessages(_message.Message):
     def __init__(self, messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("prompt", "chat", "max_new_tokens", "stop", "num_draft_tokens", "temperature")
+    __slots__ = ("prompt", "chat", "max_new_tokens", "stop", "num_draft_tokens", "temperature", "draft_model")
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     CHAT_FIELD_NUMBER: _ClassVar[int]
     MAX_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
     STOP_FIELD_NUMBER: _ClassVar[int]
     NUM_DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_MODEL_FIELD_NUMBER: _ClassVar[int]
     prompt: str
     chat: ChatMessages
     max_new_tokens: int
     stop: _containers.RepeatedScalarFieldContainer[str]
     num_draft_tokens: int
     temperature: float
-    def __init__(self, prompt: _Optional[str] = ..., chat: _Optional[_Union[ChatMessages, _Mapping]] = ..., max_new_tokens: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., num_draft_tokens: _Optional[int] = ..., temperature: _Optional[float] = ...) -> None: ...
+    draft_model: str
+    def __init__(self, prompt: _Optional[str] = ..., chat: _Optional[_Union[ChatMessages, _Mapping]] = ..., max_new_tokens: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., num_draft_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., draft_model: _Optional[str] = ...) -> None: ...
 
 class GenerationStats(_message.Message):
     __slots__ = ("num_prompt_tokens", "num_completion_tokens", "num_draft_tokens", "num_accepted_tokens", "acceptance_rate", "num_verify_steps", "mean_accepted_len", "time_to_first_token_s", "tokens_per_s")
