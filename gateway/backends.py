@@ -52,8 +52,13 @@ class TargetStream(_BidiStream):
 
 
 class DraftStream(_BidiStream):
+    def __init__(self, call: grpc.aio.StreamStreamCall, draft_model: str = "") -> None:
+        super().__init__(call, "draft")
+        self._draft_model = draft_model
+
     async def start(self, prompt_ids: list[int], max_new_tokens: int) -> None:
-        command = draft_pb2.StartCommand(prompt_ids=prompt_ids, max_new_tokens=max_new_tokens)
+        command = draft_pb2.StartCommand(prompt_ids=prompt_ids, max_new_tokens=max_new_tokens,
+                                         draft_model=self._draft_model)
         await self.ask(draft_pb2.DraftRequest(start=command))
 
     async def propose(self, num_accepted: int, append_ids: list[int], num_draft_tokens: int) -> list[int]:
@@ -97,9 +102,10 @@ class Backends:
     def open_target(self) -> TargetStream:
         return TargetStream(self._target.Sequence(), "target")
 
-    def open_draft(self) -> DraftStream:
+    def open_draft(self, draft_model: str = "") -> DraftStream:
+        """A stream to the named draft ("" for the draft service's default)."""
         assert self._draft is not None
-        return DraftStream(self._draft.Sequence(), "draft")
+        return DraftStream(self._draft.Sequence(), draft_model)
 
     async def close(self) -> None:
         await self._target_channel.close()

@@ -11,6 +11,7 @@ from specdec.errors import InvalidRequestError
 from specdec.v1 import gateway_pb2
 
 CHAT_ROLES = ("system", "user", "assistant")
+MAX_DRAFT_NAME_CHARS = 128
 
 
 @dataclass(frozen=True)
@@ -19,6 +20,7 @@ class GenerationParams:
     max_new_tokens: int
     num_draft_tokens: int  # 0: speculation off
     stop: list[str]
+    draft_model: str = ""  # a draft loaded on the draft service; "": its default
 
 
 def parse_request(
@@ -49,7 +51,10 @@ def parse_request(
         raise InvalidRequestError(
             f"num_draft_tokens must be in [0, {config.max_num_draft_tokens}] (0 turns speculation off), got {k}"
         )
-    return GenerationParams(prompt_ids, max_new, k, _check_stop(list(request.stop), config))
+    draft_model = request.draft_model if request.HasField("draft_model") else ""
+    if len(draft_model) > MAX_DRAFT_NAME_CHARS:
+        raise InvalidRequestError(f"draft_model names are at most {MAX_DRAFT_NAME_CHARS} characters")
+    return GenerationParams(prompt_ids, max_new, k, _check_stop(list(request.stop), config), draft_model)
 
 
 def _check_sampling(request: gateway_pb2.GenerateRequest) -> None:

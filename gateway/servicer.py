@@ -40,7 +40,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
                                   self._eos_token_ids)
         target = self._backends.open_target()
         use_draft = params.num_draft_tokens > 0 and self._backends.has_draft
-        draft = self._backends.open_draft() if use_draft else None
+        draft = self._backends.open_draft(params.draft_model) if use_draft else None
         try:
             steps = speculative_generate(params.prompt_ids, params.max_new_tokens, params.num_draft_tokens,
                                          target, draft)

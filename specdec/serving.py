@@ -6,7 +6,7 @@ import asyncio
 import logging
 import os
 import signal
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -128,9 +128,13 @@ async def start_server(
     port: int,
     ready_file: Path | None = None,
     cleanup: Callable[[], Awaitable[None]] | None = None,
+    interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
 ) -> RunningServer:
-    """Starts an asyncio gRPC server with our services, grpc.health.v1 and reflection."""
-    server = grpc.aio.server(interceptors=[ErrorInterceptor()], options=SERVER_OPTIONS)
+    """Starts an asyncio gRPC server with our services, grpc.health.v1 and reflection.
+
+    `interceptors` run outside the error interceptor (e.g. request ids, auth, metrics).
+    """
+    server = grpc.aio.server(interceptors=[*interceptors, ErrorInterceptor()], options=SERVER_OPTIONS)
     register(server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
