@@ -38,6 +38,9 @@ SERVER_OPTIONS = [
     ("grpc.so_reuseport", 0),  # a stale server must not silently share our port
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    # Clients reconnect (and re-resolve DNS, finding replicas added since) after this age; open
+    # streams are not cut: the grace period is unbounded by default.
+    ("grpc.max_connection_age_ms", 60_000),
 ]
 # Spread new streams over every address the name resolves to (compose DNS lists all replicas).
 CHANNEL_OPTIONS = [
