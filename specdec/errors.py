@@ -23,3 +23,11 @@ class UnsupportedModelError(SpecdecError):
 
 class ServiceUnavailableError(SpecdecError):
     """A backend service cannot be reached (UNAVAILABLE)."""
+
+
+class NotFoundError(SpecdecError):
+    """A named thing (e.g. a draft model) is not there (NOT_FOUND)."""
+
+
+class PermissionDeniedError(SpecdecError):
+    """An admin operation without the right token (PERMISSION_DENIED)."""

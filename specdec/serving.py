@@ -18,6 +18,8 @@ from specdec.errors import (
     CapacityError,
     IncompatibleModelsError,
     InvalidRequestError,
+    NotFoundError,
+    PermissionDeniedError,
     ServiceUnavailableError,
     SpecdecError,
     UnsupportedModelError,
@@ -31,6 +33,8 @@ STATUS_OF_ERROR: dict[type[SpecdecError], grpc.StatusCode] = {
     IncompatibleModelsError: grpc.StatusCode.FAILED_PRECONDITION,
     UnsupportedModelError: grpc.StatusCode.FAILED_PRECONDITION,
     ServiceUnavailableError: grpc.StatusCode.UNAVAILABLE,
+    NotFoundError: grpc.StatusCode.NOT_FOUND,
+    PermissionDeniedError: grpc.StatusCode.PERMISSION_DENIED,
 }
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # tokenizer files of large vocabularies reach ~10 MB
