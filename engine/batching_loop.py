@@ -6,9 +6,10 @@ between iterations (continuous batching at the granularity of one engine step).
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Generic, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 J = TypeVar("J")
 R = TypeVar("R")
@@ -16,6 +17,13 @@ R = TypeVar("R")
 # process(jobs) returns one result per job: an Exception fails only that job, None means the
 # job is unfinished (e.g. a prefill chunk) and runs again in the next iteration
 ProcessFn = Callable[[list[J]], list["R | Exception | None"]]
+MIXED_PHASE = "mixed"  # a batch whose jobs are of different phases (e.g. verifies and a prefill chunk)
+
+
+class ForwardObserver(Protocol):
+    """Told about every batch run (e.g. specdec.metrics.ForwardMetrics)."""
+
+    def observe_forward(self, phase: str, batch_size: int, duration_s: float) -> None: ...
 
 
 def torch_thread() -> ThreadPoolExecutor:
@@ -29,9 +37,13 @@ def torch_thread() -> ThreadPoolExecutor:
 
 
 class BatchingLoop(Generic[J, R]):
-    def __init__(self, process: ProcessFn, max_batch_size: int, executor: ThreadPoolExecutor | None = None) -> None:
+    def __init__(self, process: ProcessFn, max_batch_size: int, executor: ThreadPoolExecutor | None = None,
+                 phase_of: Callable[[J], str] = lambda job: "step") -> None:
+        """`phase_of(job)` names a job's phase for the observer ("prefill", "verify", "propose")."""
         self._process = process
         self._max_batch_size = max_batch_size
+        self._phase_of = phase_of
+        self.observer: ForwardObserver | None = None  # set by the service that exports metrics
         self._pending: list[tuple[J, asyncio.Future[R]]] = []
         self._wakeup = asyncio.Event()
         # the single worker thread is the only place the model and KV pool are touched
@@ -68,10 +80,13 @@ class BatchingLoop(Generic[J, R]):
                 batch = [(job, future) for job, future in batch if not future.done()]  # drop cancelled
                 if not batch:
                     continue
+                jobs = [j for j, _ in batch]
                 try:
-                    results = await loop.run_in_executor(self.executor, self._process, [j for j, _ in batch])
+                    results, duration_ns = await loop.run_in_executor(self.executor, self._timed_process, jobs)
                 except Exception as e:  # a bug in process: fail this batch, keep serving
-                    results = [e] * len(batch)
+                    results, duration_ns = [e] * len(batch), None
+                if self.observer is not None and duration_ns is not None:
+                    self._observe(jobs, duration_ns)
                 unfinished = []
                 for (job, future), result in zip(batch, results):
                     if future.done():  # the request was cancelled meanwhile
@@ -83,3 +98,13 @@ class BatchingLoop(Generic[J, R]):
                     else:
                         future.set_result(result)
                 self._pending[:0] = unfinished  # older jobs first
+
+    def _timed_process(self, jobs: list[J]) -> tuple[list[R | Exception | None], int]:
+        start = time.perf_counter_ns()
+        results = self._process(jobs)
+        return results, time.perf_counter_ns() - start
+
+    def _observe(self, jobs: list[J], duration_ns: int) -> None:
+        phases = {self._phase_of(job) for job in jobs}
+        phase = phases.pop() if len(phases) == 1 else MIXED_PHASE
+        self.observer.observe_forward(phase, len(jobs), duration_ns / 1e9)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.batch import StepInput
-from engine.batching_loop import BatchingLoop
+from engine.batching_loop import BatchingLoop, ForwardObserver
 from engine.kv_cache import KVAdmission, SequenceKV
 from engine.limits import check_new_sequence
 from engine.model_runner import ModelRunner
@@ -68,7 +68,8 @@ class TargetEngine:
         """`executor`: the thread that loaded `runner` (see batching_loop.torch_thread)."""
         self.runner = runner
         self.config = config
-        self._loop: BatchingLoop[_Job, _Outcome] = BatchingLoop(self._process, config.max_batch_size, executor)
+        self._loop: BatchingLoop[_Job, _Outcome] = BatchingLoop(self._process, config.max_batch_size, executor,
+                                                               phase_of=_phase)
         self.admission = KVAdmission(runner.kv.config.num_blocks, runner.kv.block_size)
         self.num_active_sequences = 0
         self.num_sequences_started = 0
@@ -80,6 +81,18 @@ class TargetEngine:
 
     async def stop(self) -> None:
         await self._loop.stop()
+
+    def observe_forwards(self, observer: ForwardObserver) -> None:
+        """`observer` hears of every batched step: phase ("prefill", "verify", "mixed"), size, time."""
+        self._loop.observer = observer
+
+    def stats(self) -> dict[str, int]:
+        """Counters read at the time of the call (the EngineStats message's fields)."""
+        allocator = self.runner.kv.allocator
+        return {"num_active_sequences": self.num_active_sequences, "num_waiting_sequences": self.admission.num_waiting,
+                "num_sequences_started": self.num_sequences_started, "num_forwards": self.num_forwards,
+                "num_sequence_steps": self.num_sequence_steps, "num_kv_blocks_used": allocator.num_used,
+                "num_kv_blocks_total": allocator.num_blocks, "kv_block_size": self.runner.kv.block_size}
 
     async def prefill(self, prompt_ids: list[int], max_new_tokens: int) -> tuple[TargetSequence, int, StepTiming]:
         """Opens a sequence on the prompt (waiting for KV room if needed); returns the first token."""
@@ -142,6 +155,10 @@ class TargetEngine:
             if step.num_logits:  # a finished prefill or a verify
                 results[i] = _Outcome(_commit(jobs[i], step_logits), timing)
         return results
+
+
+def _phase(job: _Job) -> str:
+    return "prefill" if job.draft_ids is None else "verify"
 
 
 def _step_input(job: _Job, budget: int) -> StepInput | None:

@@ -9,6 +9,7 @@ from transformers import PreTrainedTokenizerBase
 
 from engine.tokenizer_info import tokenizer_from_files
 from specdec.errors import IncompatibleModelsError, ServiceUnavailableError
+from specdec.request_id import request_id_metadata
 from specdec.serving import CHANNEL_OPTIONS
 from specdec.v1 import common_pb2, draft_pb2, draft_pb2_grpc, target_pb2, target_pb2_grpc
 
@@ -27,12 +28,14 @@ class _BidiStream:
     def __init__(self, call: grpc.aio.StreamStreamCall, service: str) -> None:
         self._call = call
         self._service = service
+        self.forward_ns = 0  # the service's forward time over this stream's answers
 
     async def ask(self, request):
         await self._call.write(request)
         response = await self._call.read()
         if response is grpc.aio.EOF:
             raise ServiceUnavailableError(f"the {self._service} service closed the stream unexpectedly")
+        self.forward_ns += response.forward_ns
         return response
 
     async def close(self) -> None:
@@ -100,12 +103,13 @@ class Backends:
         return tokenizer_from_files(dict(files.files))
 
     def open_target(self) -> TargetStream:
-        return TargetStream(self._target.Sequence(), "target")
+        """A stream for the current request (its request id travels in the metadata)."""
+        return TargetStream(self._target.Sequence(metadata=request_id_metadata()), "target")
 
     def open_draft(self, draft_model: str = "") -> DraftStream:
-        """A stream to the named draft ("" for the draft service's default)."""
+        """A stream to the named draft ("" for the draft service's default), as open_target."""
         assert self._draft is not None
-        return DraftStream(self._draft.Sequence(), draft_model)
+        return DraftStream(self._draft.Sequence(metadata=request_id_metadata()), draft_model)
 
     async def close(self) -> None:
         await self._target_channel.close()

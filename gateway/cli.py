@@ -24,7 +24,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-num-draft-tokens", type=int, default=env_default(PREFIX, "max_num_draft_tokens", 16))
     parser.add_argument("--default-max-new-tokens", type=int, default=env_default(PREFIX, "default_max_new_tokens", 256))
     args = parser.parse_args(argv)
-    setup_logging(args.log_level)
+    setup_logging(args.log_level, args.log_format)
     config = GatewayConfig(
         target_address=args.target,
         draft_address=None if args.draft in ("", "none") else args.draft,

@@ -1,4 +1,5 @@
-"""Builds and runs the gateway: connect to the model services, check them, serve Generate."""
+"""Builds and runs the gateway: connect to the model services, check them, serve Generate (gRPC),
+and optionally the OpenAI-compatible HTTP API and Prometheus metrics."""
 from __future__ import annotations
 
 import argparse
@@ -7,6 +8,8 @@ from pathlib import Path
 
 from gateway.backends import Backends
 from gateway.config import GatewayConfig
+from gateway.driver import Driver
+from gateway.metrics import GatewayMetrics
 from gateway.servicer import GatewayServicer
 from specdec.serving import RunningServer, serve_until_signal, start_server
 from specdec.v1 import gateway_pb2, gateway_pb2_grpc
@@ -15,21 +18,30 @@ SERVICE_NAME = gateway_pb2.DESCRIPTOR.services_by_name["Gateway"].full_name
 
 
 async def start_gateway_server(
-    config: GatewayConfig, host: str = "127.0.0.1", port: int = 0, ready_file: Path | None = None
+    config: GatewayConfig, host: str = "127.0.0.1", port: int = 0, ready_file: Path | None = None,
+    metrics_port: int | None = None, http_port: int | None = None,
 ) -> RunningServer:
-    """Raises IncompatibleModelsError / ServiceUnavailableError before serving anything."""
+    """Raises IncompatibleModelsError / ServiceUnavailableError before serving anything.
+
+    `metrics_port` / `http_port`: serve Prometheus metrics / the OpenAI API there (0: a free port,
+    None: not at all); the bound ports are on the returned server.
+    """
     backends = Backends(config.target_address, config.draft_address)
     try:
         tokenizer = await backends.connect(config.connect_timeout_s)
     except BaseException:
         await backends.close()
         raise
-    servicer = GatewayServicer(config, backends, tokenizer)
+    metrics = GatewayMetrics()
+    driver = Driver(config, backends, tokenizer, metrics)
+    servicer = GatewayServicer(driver)
     return await start_server(
         lambda server: gateway_pb2_grpc.add_GatewayServicer_to_server(servicer, server),
         [SERVICE_NAME], host, port, ready_file, cleanup=backends.close,
+        metrics_registry=metrics.registry, metrics_port=metrics_port,
     )
 
 
 def run(args: argparse.Namespace, config: GatewayConfig) -> None:
-    asyncio.run(serve_until_signal(lambda: start_gateway_server(config, args.host, args.port, args.ready_file)))
+    asyncio.run(serve_until_signal(lambda: start_gateway_server(
+        config, args.host, args.port, args.ready_file, args.metrics_port)))

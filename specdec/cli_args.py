@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from engine.model_runner import RuntimeConfig
+from specdec.request_id import JsonFormatter, RequestIdFilter
 
 
 def env_default(prefix: str, name: str, default: str | int | None) -> str | int | None:
@@ -22,6 +23,10 @@ def add_server_args(parser: argparse.ArgumentParser, prefix: str, default_port: 
     parser.add_argument("--ready-file", type=Path, default=env("ready_file", None),
                         help="write HOST:PORT here once serving (for launchers)")
     parser.add_argument("--log-level", default=env("log_level", "INFO"))
+    parser.add_argument("--log-format", choices=["text", "json"], default=env("log_format", "text"),
+                        help="json: one object per line with time, level, logger, request_id, message")
+    parser.add_argument("--metrics-port", type=int, default=env("metrics_port", None),
+                        help="serve Prometheus metrics at http://HOST:PORT/metrics; unset: off, 0: a free port")
 
 
 def add_runtime_args(parser: argparse.ArgumentParser, prefix: str, default_model: str) -> None:
@@ -55,5 +60,12 @@ def runtime_config(args: argparse.Namespace) -> RuntimeConfig:
     )
 
 
-def setup_logging(level: str) -> None:
-    logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+def setup_logging(level: str, log_format: str = "text") -> None:
+    """Every record carries the request id of the RPC it was logged in ("-" outside one)."""
+    handler = logging.StreamHandler()
+    handler.addFilter(RequestIdFilter())
+    if log_format == "json":
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s [%(request_id)s]: %(message)s"))
+    logging.basicConfig(level=level.upper(), handlers=[handler])

@@ -1,5 +1,6 @@
-"""gRPC plumbing shared by the three services: server start with health and reflection, the one
-interceptor that maps domain errors to status codes, and channel options."""
+"""gRPC plumbing shared by the three services: server start with health, reflection, request ids
+and a metrics endpoint, the one interceptor that maps domain errors to status codes, and channel
+options."""
 from __future__ import annotations
 
 import asyncio
@@ -13,6 +14,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+from prometheus_client import CollectorRegistry
 
 from specdec.errors import (
     CapacityError,
@@ -24,6 +26,8 @@ from specdec.errors import (
     SpecdecError,
     UnsupportedModelError,
 )
+from specdec.metrics import MetricsServer, start_metrics_server
+from specdec.request_id import RequestIdInterceptor
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +123,12 @@ class RunningServer:
     port: int
     health: health.aio.HealthServicer
     cleanup: Callable[[], Awaitable[None]] | None = None  # stops what the servicers use
+    metrics: MetricsServer | None = None
+    http_port: int | None = None  # the gateway's OpenAI-compatible HTTP port, when served
+
+    @property
+    def metrics_port(self) -> int | None:
+        return self.metrics.port if self.metrics is not None else None
 
     async def stop(self, grace_s: float = 2.0) -> None:
         """Reports NOT_SERVING, lets in-flight RPCs finish for `grace_s`, then cleans up."""
@@ -126,6 +136,8 @@ class RunningServer:
         await self.server.stop(grace_s)
         if self.cleanup is not None:
             await self.cleanup()
+        if self.metrics is not None:
+            self.metrics.stop()
 
 
 async def start_server(
@@ -136,12 +148,18 @@ async def start_server(
     ready_file: Path | None = None,
     cleanup: Callable[[], Awaitable[None]] | None = None,
     interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
+    metrics_registry: CollectorRegistry | None = None,
+    metrics_port: int | None = None,
 ) -> RunningServer:
     """Starts an asyncio gRPC server with our services, grpc.health.v1 and reflection.
 
-    `interceptors` run outside the error interceptor (e.g. request ids, auth, metrics).
+    Every RPC runs with its request id (the caller's x-request-id metadata, or a new one) in
+    `specdec.request_id.request_id_var`. `interceptors` run inside the request-id interceptor and
+    outside the error interceptor (e.g. auth). With a `metrics_port` (0: a free one), the
+    `metrics_registry` is served at http://HOST:PORT/metrics.
     """
-    server = grpc.aio.server(interceptors=[*interceptors, ErrorInterceptor()], options=SERVER_OPTIONS)
+    server = grpc.aio.server(interceptors=[RequestIdInterceptor(), *interceptors, ErrorInterceptor()],
+                             options=SERVER_OPTIONS)
     register(server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -149,6 +167,9 @@ async def start_server(
     bound = server.add_insecure_port(f"{host}:{port}")
     if bound == 0:
         raise OSError(f"cannot bind {host}:{port}")
+    metrics = None  # started before serving, so a busy metrics port fails the start cleanly
+    if metrics_port is not None:
+        metrics = start_metrics_server(metrics_registry or CollectorRegistry(), host, metrics_port)
     await server.start()
     for name in ["", *service_names]:
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
@@ -157,7 +178,7 @@ async def start_server(
         tmp.write_text(f"{host}:{bound}\n")
         os.replace(tmp, ready_file)
     log.info("serving %s on %s:%d", ", ".join(service_names), host, bound)
-    return RunningServer(server, bound, health_servicer, cleanup)
+    return RunningServer(server, bound, health_servicer, cleanup, metrics)
 
 
 async def serve_until_signal(start: Callable[[], Awaitable]) -> None:

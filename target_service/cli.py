@@ -16,7 +16,7 @@ def main(argv: list[str] | None = None) -> None:
                         default=env_default("SPECDEC_TARGET", "max_num_batched_tokens", 2048),
                         help="tokens per forward; longer prompts are prefilled in chunks")
     args = parser.parse_args(argv)
-    setup_logging(args.log_level)
+    setup_logging(args.log_level, args.log_format)
     run(args, runtime_config(args))
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from engine.batching_loop import torch_thread
 from engine.model_runner import ModelRunner, RuntimeConfig
 from engine.target_engine import TargetEngine, TargetEngineConfig
+from specdec.metrics import engine_registry
 from specdec.serving import RunningServer, serve_until_signal, start_server
 from specdec.v1 import target_pb2, target_pb2_grpc
 from target_service.servicer import TargetServicer
@@ -20,13 +21,18 @@ async def start_target_server(
     runner: ModelRunner, host: str = "127.0.0.1", port: int = 0,
     config: TargetEngineConfig = TargetEngineConfig(),
     ready_file: Path | None = None, executor: ThreadPoolExecutor | None = None,
+    metrics_port: int | None = None,
 ) -> RunningServer:
+    """`metrics_port`: serve Prometheus metrics there (0: a free port; None: not at all)."""
     engine = TargetEngine(runner, config, executor)
+    registry, forward_metrics = engine_registry("target", engine.stats, runner.description, runner)
+    engine.observe_forwards(forward_metrics)
     engine.start()
     servicer = TargetServicer(engine)
     return await start_server(
         lambda server: target_pb2_grpc.add_TargetServiceServicer_to_server(servicer, server),
         [SERVICE_NAME], host, port, ready_file, cleanup=engine.stop,
+        metrics_registry=registry, metrics_port=metrics_port,
     )
 
 
@@ -35,5 +41,6 @@ def run(args: argparse.Namespace, config: RuntimeConfig) -> None:
     executor = torch_thread()
     runner = executor.submit(ModelRunner, config).result()  # load on the thread that will run it
     asyncio.run(serve_until_signal(
-        lambda: start_target_server(runner, args.host, args.port, engine_config, args.ready_file, executor)
+        lambda: start_target_server(runner, args.host, args.port, engine_config, args.ready_file, executor,
+                                    args.metrics_port)
     ))

@@ -54,17 +54,7 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
         )
 
     async def GetEngineStats(self, request, context) -> common_pb2.EngineStats:
-        e, allocator = self._engine, self._engine.runner.kv.allocator
-        return common_pb2.EngineStats(
-            num_active_sequences=e.num_active_sequences,
-            num_kv_blocks_used=allocator.num_used,
-            num_kv_blocks_total=allocator.num_blocks,
-            kv_block_size=e.runner.kv.block_size,
-            num_forwards=e.num_forwards,
-            num_sequence_steps=e.num_sequence_steps,
-            num_sequences_started=e.num_sequences_started,
-            num_waiting_sequences=e.admission.num_waiting,
-        )
+        return common_pb2.EngineStats(**self._engine.stats())
 
 
 def _response(timing: StepTiming, **result) -> target_pb2.TargetResponse:

@@ -1,0 +1,128 @@
+"""Drives one generation for any front door (gRPC Generate, the OpenAI HTTP API): validates the
+request, opens the model streams, runs the speculative loop, turns committed tokens into text,
+and records the request's statistics and metrics."""
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from dataclasses import dataclass
+
+import grpc
+from transformers import PreTrainedTokenizerBase
+
+from gateway.backends import Backends
+from gateway.config import GatewayConfig
+from gateway.metrics import (
+    OUTCOME_CANCELLED,
+    OUTCOME_ERROR,
+    OUTCOME_INVALID,
+    OUTCOME_UNAVAILABLE,
+    GatewayMetrics,
+)
+from gateway.output import CompletionOutput, Finish
+from gateway.request import GenerationParams, parse_request
+from gateway.speculative_loop import speculative_generate
+from gateway.stats import RequestStats
+from specdec.errors import InvalidRequestError, ServiceUnavailableError
+from specdec.request_id import current_request_id
+from specdec.v1 import gateway_pb2
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Delta:
+    """Newly committed tokens and text; the last delta of a generation carries finish and stats."""
+
+    token_ids: list[int]
+    text: str
+    finish: Finish | None = None
+    stats: RequestStats | None = None
+    num_completion_tokens: int = 0
+
+
+class Driver:
+    def __init__(self, config: GatewayConfig, backends: Backends, tokenizer: PreTrainedTokenizerBase,
+                 metrics: GatewayMetrics) -> None:
+        self._config = config
+        self._backends = backends
+        self.tokenizer = tokenizer
+        self.metrics = metrics
+        lengths = [info.max_model_len for info in (backends.target_info, backends.draft_info) if info]
+        self.max_model_len = min(lengths)
+        self._eos_token_ids = list(backends.target_info.eos_token_ids)
+
+    def prepare(self, request: gateway_pb2.GenerateRequest, api: str) -> GenerationParams:
+        """Validates and tokenizes; raises InvalidRequestError with a message for the client."""
+        try:
+            return parse_request(request, self.tokenizer, self._config, self.max_model_len)
+        except InvalidRequestError:
+            self.metrics.requests.labels(api, OUTCOME_INVALID).inc()
+            raise
+
+    async def generate(self, params: GenerationParams, api: str) -> AsyncIterator[Delta]:
+        """Streams the completion; iterate it inside `contextlib.aclosing` so an early stop frees
+        the model streams at once."""
+        stats = RequestStats(num_prompt_tokens=len(params.prompt_ids), request_id=current_request_id())
+        output = CompletionOutput(self.tokenizer, params.prompt_ids, params.max_new_tokens, params.stop,
+                                  self._eos_token_ids)
+        target = self._backends.open_target()
+        use_draft = params.num_draft_tokens > 0 and self._backends.has_draft
+        draft = self._backends.open_draft(params.draft_model) if use_draft else None
+        outcome = OUTCOME_ERROR
+        gauge = self.metrics.waiting
+        gauge.inc()
+        try:
+            steps = speculative_generate(params.prompt_ids, params.max_new_tokens, params.num_draft_tokens,
+                                         target, draft)
+            async with aclosing(steps):
+                async for step in steps:
+                    if stats.first_token_s is None:
+                        gauge.dec()
+                        gauge = self.metrics.running
+                        gauge.inc()
+                    else:
+                        self.metrics.record_step(step.num_draft_tokens, step.num_accepted)
+                    stats.record_step(len(step.committed_ids), step.num_draft_tokens, step.num_accepted,
+                                      is_prefill=stats.first_token_s is None)
+                    chunk = output.add(step.committed_ids)
+                    if chunk.token_ids or chunk.text:
+                        yield Delta(chunk.token_ids, chunk.text)
+                    if chunk.finish is not None:
+                        break
+            outcome = output.finish.value if output.finish else OUTCOME_ERROR
+        except (asyncio.CancelledError, GeneratorExit):
+            outcome = OUTCOME_CANCELLED
+            raise
+        except Exception as e:
+            outcome = _outcome_of(e)
+            raise
+        finally:  # ending the streams frees the sequences on both model services
+            gauge.dec()
+            await target.close()
+            if draft is not None:
+                await draft.close()
+            self.metrics.requests.labels(api, outcome).inc()
+        stats.target_forward_ns = target.forward_ns
+        stats.draft_forward_ns = draft.forward_ns if draft is not None else 0
+        self._record(stats, output.num_tokens)
+        yield Delta([], "", output.finish, stats, output.num_tokens)
+
+    def _record(self, stats: RequestStats, num_completion_tokens: int) -> None:
+        self.metrics.ttft.observe(stats.time_to_first_token_s)
+        self.metrics.record_finished(stats, num_completion_tokens)
+        log.info("finished: %d prompt + %d completion tokens, %d/%d draft tokens accepted, %.1f tok/s",
+                 stats.num_prompt_tokens, num_completion_tokens, stats.num_accepted_tokens,
+                 stats.num_draft_tokens, stats.tokens_per_s(num_completion_tokens))
+
+
+def _outcome_of(error: Exception) -> str:
+    if isinstance(error, InvalidRequestError):
+        return OUTCOME_INVALID
+    if isinstance(error, ServiceUnavailableError):
+        return OUTCOME_UNAVAILABLE
+    if isinstance(error, grpc.aio.AioRpcError) and error.code() == grpc.StatusCode.UNAVAILABLE:
+        return OUTCOME_UNAVAILABLE
+    return OUTCOME_ERROR

@@ -1,0 +1,128 @@
+"""Prometheus metrics shared by the model services, and the HTTP endpoint every service serves.
+
+Counters that the engines already keep (sequences, forwards, KV blocks, CUDA-graph replays) are
+read at scrape time by a custom collector, so the hot path pays nothing for them; only the
+per-forward histograms take a hook (`ForwardMetrics.observe_forward`, called by the batching loop).
+Each service has its own registry: several services can share a process (tests do).
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import CollectorRegistry, Histogram, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
+from prometheus_client.registry import Collector
+
+from engine.model_runner import ModelDescription, ModelRunner
+
+log = logging.getLogger(__name__)
+
+BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+FORWARD_SECONDS_BUCKETS = (0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.128, 0.256, 0.512, 1.0,
+                           2.0, 4.0)
+
+# stats() key -> (metric name, kind, help); kind "gauge" or "counter"
+ENGINE_STATS = {
+    "num_active_sequences": ("specdec_engine_active_sequences", "gauge", "Sequences (open streams) holding state"),
+    "num_waiting_sequences": ("specdec_engine_waiting_sequences", "gauge",
+                              "Sequences waiting for KV cache room before their prefill"),
+    "num_sequences_started": ("specdec_engine_sequences_started", "counter", "Sequences opened since start"),
+    "num_forwards": ("specdec_engine_forwards", "counter", "Batched forward passes since start"),
+    "num_sequence_steps": ("specdec_engine_sequence_steps", "counter",
+                           "Sequence-steps since start (a forward over 3 sequences counts 3)"),
+    "num_kv_blocks_used": ("specdec_engine_kv_blocks_used", "gauge", "KV cache blocks in use"),
+}
+
+
+class EngineCollector(Collector):
+    """Reads a model service's counters when Prometheus scrapes.
+
+    `stats`: the engine's (or drafter's) `stats()` dict, keys as in ENGINE_STATS plus
+    num_kv_blocks_total / kv_block_size; missing keys are simply not exported (the n-gram
+    drafter has no KV cache). `runner`: the ModelRunner, for CUDA-graph hits and misses.
+    """
+
+    def __init__(self, role: str, stats: Callable[[], dict[str, int]], description: ModelDescription,
+                 runner: ModelRunner | None = None) -> None:
+        self._role = role
+        self._stats = stats
+        self._description = description
+        self._runner = runner
+
+    def collect(self) -> Iterator:
+        stats = self._stats()
+        for key, (name, kind, help_text) in ENGINE_STATS.items():
+            if key in stats:
+                family = GaugeMetricFamily if kind == "gauge" else CounterMetricFamily
+                yield family(name, help_text, value=stats[key])
+        if "num_kv_blocks_total" in stats:
+            yield GaugeMetricFamily("specdec_engine_kv_blocks_free", "KV cache blocks free",
+                                    value=stats["num_kv_blocks_total"] - stats.get("num_kv_blocks_used", 0))
+        if "kv_block_size" in stats:
+            yield GaugeMetricFamily("specdec_engine_kv_block_size_tokens", "Tokens per KV cache block",
+                                    value=stats["kv_block_size"])
+        if self._runner is not None:
+            graphs = CounterMetricFamily("specdec_engine_cuda_graph_steps",
+                                         "Forwards that replayed a captured CUDA graph (hit) or ran eagerly (miss)",
+                                         labels=["result"])
+            graphs.add_metric(["hit"], self._runner.graphs.num_replays if self._runner.graphs else 0)
+            graphs.add_metric(["miss"], self._runner.num_eager_steps)
+            yield graphs
+        info = InfoMetricFamily("specdec_engine_model", "The model this service serves")
+        info.add_metric([], {"role": self._role, "model_id": self._description.model_id,
+                             "architecture": self._description.architecture,
+                             "max_model_len": str(self._description.max_model_len)})
+        yield info
+
+
+class ForwardMetrics:
+    """Per-forward histograms: batch size, and latency by phase (prefill / verify / propose / mixed)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self._batch_size = Histogram("specdec_engine_batch_size", "Sequences per batched forward", ["phase"],
+                                     buckets=BATCH_SIZE_BUCKETS, registry=registry)
+        self._seconds = Histogram("specdec_engine_forward_seconds",
+                                  "Wall time of one batched engine step on the model thread (forward plus "
+                                  "sampling/verification)", ["phase"],
+                                  buckets=FORWARD_SECONDS_BUCKETS, registry=registry)
+
+    def observe_forward(self, phase: str, batch_size: int, duration_s: float) -> None:
+        self._batch_size.labels(phase).observe(batch_size)
+        self._seconds.labels(phase).observe(duration_s)
+
+
+def engine_registry(role: str, stats: Callable[[], dict[str, int]], description: ModelDescription,
+                    runner: ModelRunner | None = None) -> tuple[CollectorRegistry, ForwardMetrics]:
+    """A model service's registry: the scrape-time collector plus the per-forward histograms."""
+    registry = CollectorRegistry()
+    registry.register(EngineCollector(role, stats, description, runner))
+    return registry, ForwardMetrics(registry)
+
+
+@dataclass
+class MetricsServer:
+    """Prometheus text format on http://HOST:PORT/metrics, served from a daemon thread."""
+
+    httpd: WSGIServer
+    thread: threading.Thread
+
+    @property
+    def port(self) -> int:
+        return self.httpd.server_port
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        self.thread.join(5)
+
+
+def start_metrics_server(registry: CollectorRegistry, host: str, port: int) -> MetricsServer:
+    """Serves `registry`; port 0 picks a free port (see `.port`)."""
+    httpd, thread = start_http_server(port, addr=host, registry=registry)
+    server = MetricsServer(httpd, thread)
+    log.info("metrics on http://%s:%d/metrics", host, server.port)
+    return server

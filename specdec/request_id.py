@@ -1,0 +1,113 @@
+"""Request ids: made (or taken from the client) at the gateway, carried in gRPC metadata to the
+model services, held in a contextvar for the life of an RPC, and stamped on every log record."""
+from __future__ import annotations
+
+import contextvars
+import json
+import logging
+import re
+import uuid
+from collections.abc import Callable
+
+import grpc
+
+REQUEST_ID_KEY = "x-request-id"  # gRPC metadata key and HTTP header
+NO_REQUEST_ID = "-"
+MAX_REQUEST_ID_CHARS = 128
+log = logging.getLogger(__name__)
+_VALID = re.compile(r"[A-Za-z0-9._:/=+-]+")
+
+request_id_var: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default=NO_REQUEST_ID)
+
+
+def new_request_id() -> str:
+    return uuid.uuid4().hex
+
+
+def check_request_id(value: str) -> str | None:
+    """None if `value` is fit to be a request id, else why not (safe to show to the client)."""
+    if not 0 < len(value) <= MAX_REQUEST_ID_CHARS or not _VALID.fullmatch(value):
+        return (f"{REQUEST_ID_KEY} must be 1 to {MAX_REQUEST_ID_CHARS} characters of letters, digits and "
+                "._:/=+-; leave it out and the gateway makes one")
+    return None
+
+
+def current_request_id() -> str:
+    return request_id_var.get()
+
+
+def request_id_metadata() -> tuple[tuple[str, str], ...]:
+    """Metadata for a call to a model service on behalf of the current request."""
+    return ((REQUEST_ID_KEY, request_id_var.get()),)
+
+
+class RequestIdInterceptor(grpc.aio.ServerInterceptor):
+    """Puts the caller's x-request-id (or a new one) into `request_id_var` for the RPC's handler.
+
+    grpc.aio runs each RPC in its own task, so the value set here is private to that RPC.
+    """
+
+    async def intercept_service(
+        self, continuation: Callable, handler_call_details: grpc.HandlerCallDetails
+    ) -> grpc.RpcMethodHandler | None:
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return None
+        method = handler_call_details.method
+        serializers = dict(request_deserializer=handler.request_deserializer,
+                           response_serializer=handler.response_serializer)
+        if handler.unary_unary:
+            return grpc.unary_unary_rpc_method_handler(_wrap_unary(handler.unary_unary, method), **serializers)
+        if handler.unary_stream:
+            return grpc.unary_stream_rpc_method_handler(_wrap_stream(handler.unary_stream, method), **serializers)
+        if handler.stream_stream:
+            return grpc.stream_stream_rpc_method_handler(_wrap_stream(handler.stream_stream, method), **serializers)
+        return handler
+
+
+async def _enter(context: grpc.aio.ServicerContext, method: str) -> None:
+    given = dict(context.invocation_metadata() or ()).get(REQUEST_ID_KEY)
+    if given is not None and (problem := check_request_id(given)) is not None:
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
+    request_id_var.set(given or new_request_id())
+    log.debug("%s started", method)
+
+
+def _wrap_unary(behavior: Callable, method: str) -> Callable:
+    async def wrapped(request, context):
+        await _enter(context, method)
+        return await behavior(request, context)
+
+    return wrapped
+
+
+def _wrap_stream(behavior: Callable, method: str) -> Callable:
+    async def wrapped(request, context):
+        await _enter(context, method)
+        try:
+            async for response in behavior(request, context):
+                yield response
+        finally:
+            log.debug("%s ended", method)
+
+    return wrapped
+
+
+class RequestIdFilter(logging.Filter):
+    """Adds `record.request_id` (the current request's, or "-") to every record a handler sees."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not hasattr(record, "request_id"):
+            record.request_id = request_id_var.get()
+        return True
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: time, level, logger, request_id, message (and the traceback)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {"time": self.formatTime(record), "level": record.levelname, "logger": record.name,
+                 "request_id": getattr(record, "request_id", NO_REQUEST_ID), "message": record.getMessage()}
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry)
