@@ -23,6 +23,11 @@ def main(argv: list[str] | None = None) -> None:
                         help="default k per request")
     parser.add_argument("--max-num-draft-tokens", type=int, default=env_default(PREFIX, "max_num_draft_tokens", 16))
     parser.add_argument("--default-max-new-tokens", type=int, default=env_default(PREFIX, "default_max_new_tokens", 256))
+    parser.add_argument("--http-port", type=int, default=env_default(PREFIX, "http_port", None),
+                        help="serve the OpenAI-compatible API (/v1/completions, /v1/chat/completions, /v1/models) "
+                             "on this port; unset: off, 0: a free port")
+    parser.add_argument("--served-model-name", default=env_default(PREFIX, "served_model_name", None),
+                        help="the model name OpenAI clients send; default: the target's model id")
     args = parser.parse_args(argv)
     setup_logging(args.log_level, args.log_format)
     config = GatewayConfig(
@@ -31,6 +36,7 @@ def main(argv: list[str] | None = None) -> None:
         default_num_draft_tokens=int(args.num_draft_tokens),
         max_num_draft_tokens=int(args.max_num_draft_tokens),
         default_max_new_tokens=int(args.default_max_new_tokens),
+        served_model_name=args.served_model_name or None,
     )
     try:
         run(args, config)

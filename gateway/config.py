@@ -14,6 +14,7 @@ class GatewayConfig:
     max_stop_strings: int = 16
     max_stop_string_chars: int = 256
     connect_timeout_s: float = 600.0  # model services may still be loading weights
+    served_model_name: str | None = None  # the OpenAI API's model name; None: the target's model id
 
     def __post_init__(self) -> None:
         if not 0 <= self.default_num_draft_tokens <= self.max_num_draft_tokens:

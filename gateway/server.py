@@ -35,13 +35,34 @@ async def start_gateway_server(
     metrics = GatewayMetrics()
     driver = Driver(config, backends, tokenizer, metrics)
     servicer = GatewayServicer(driver)
-    return await start_server(
+    http = None
+    if http_port is not None:  # bound before the gRPC server starts: a busy port fails the start cleanly
+        from gateway.http_server import HttpServer  # the HTTP stack only where it is served
+        from gateway.openai_api import create_app
+
+        model_name = config.served_model_name or backends.target_info.model_id
+        try:
+            http = HttpServer(create_app(driver, model_name), host, http_port)
+        except BaseException:
+            await backends.close()
+            raise
+
+    async def cleanup() -> None:
+        if http is not None:
+            await http.stop()
+        await backends.close()
+
+    server = await start_server(
         lambda server: gateway_pb2_grpc.add_GatewayServicer_to_server(servicer, server),
-        [SERVICE_NAME], host, port, ready_file, cleanup=backends.close,
+        [SERVICE_NAME], host, port, ready_file, cleanup=cleanup,
         metrics_registry=metrics.registry, metrics_port=metrics_port,
     )
+    if http is not None:
+        await http.start()
+        server.http_port = http.port
+    return server
 
 
 def run(args: argparse.Namespace, config: GatewayConfig) -> None:
     asyncio.run(serve_until_signal(lambda: start_gateway_server(
-        config, args.host, args.port, args.ready_file, args.metrics_port)))
+        config, args.host, args.port, args.ready_file, args.metrics_port, args.http_port)))

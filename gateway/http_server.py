@@ -1,0 +1,48 @@
+"""Runs the OpenAI-compatible ASGI app with uvicorn on the gateway's own event loop, next to the
+grpc.aio server (one process, one loop, one set of backend channels)."""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+from collections.abc import Iterator
+
+import uvicorn
+from fastapi import FastAPI
+
+log = logging.getLogger(__name__)
+
+
+class _InLoopServer(uvicorn.Server):
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield  # the gateway's serve_until_signal owns SIGINT/SIGTERM
+
+
+class HttpServer:
+    def __init__(self, app: FastAPI, host: str, port: int) -> None:
+        """Binds now (a busy port fails here); `port` 0 picks a free one (see `.port`)."""
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self._socket = socket.socket(family, socket.SOCK_STREAM)
+        self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._socket.bind((host, port))
+        self.port: int = self._socket.getsockname()[1]
+        self._host = host
+        config = uvicorn.Config(app, lifespan="off", log_config=None, access_log=False, timeout_graceful_shutdown=2)
+        self._server = _InLoopServer(config)
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._server.serve(sockets=[self._socket]))
+        while not self._server.started:
+            if self._task.done():  # failed to start: raise its error
+                await self._task
+            await asyncio.sleep(0.01)
+        log.info("OpenAI-compatible HTTP API on http://%s:%d/v1", self._host, self.port)
+
+    async def stop(self) -> None:
+        self._server.should_exit = True
+        if self._task is not None:
+            await self._task
+        self._socket.close()

@@ -1,0 +1,120 @@
+"""The OpenAI request bodies we accept, and their mapping onto a GenerateRequest.
+
+Validation of what both front doors share (lengths, k, stop strings, temperature) stays in
+gateway/request.py; here only what is particular to OpenAI's shapes is checked. Extra fields
+beyond OpenAI's: `num_draft_tokens` (k per step, 0 = no speculation) and `draft_model`.
+"""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from specdec.errors import InvalidRequestError
+from specdec.v1 import gateway_pb2
+
+ROLE_ALIASES = {"developer": "system"}  # OpenAI's newer name for the system role
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="ignore")  # unknown fields are ignored, as vLLM does
+
+    model: str
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0, le=2)  # unset: 0 (greedy), the only mode served
+    top_p: float | None = Field(default=None, gt=0, le=1)  # greedy decoding ignores it
+    n: int = 1
+    stop: str | list[str] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    seed: int | None = None  # greedy decoding ignores it
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    user: str | None = None
+    num_draft_tokens: int | None = None
+    draft_model: str | None = None
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+    def check_supported(self) -> None:
+        if self.n != 1:
+            raise InvalidRequestError(f"n must be 1 (one choice per request), got {self.n}")
+        if self.presence_penalty or self.frequency_penalty:
+            raise InvalidRequestError("presence_penalty and frequency_penalty are not supported; leave them at 0")
+
+    def generate_request(self) -> gateway_pb2.GenerateRequest:
+        """The common fields; callers set the input."""
+        self.check_supported()
+        stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        request = gateway_pb2.GenerateRequest(stop=stop, temperature=self.temperature or 0.0)
+        if self.max_tokens is not None:
+            request.max_new_tokens = self.max_tokens
+        if self.num_draft_tokens is not None:
+            request.num_draft_tokens = self.num_draft_tokens
+        if self.draft_model is not None:
+            request.draft_model = self.draft_model
+        return request
+
+
+class CompletionRequest(_Request):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    echo: bool = False
+    logprobs: int | None = None
+    best_of: int | None = None
+    suffix: str | None = None
+
+    def to_generate_request(self) -> gateway_pb2.GenerateRequest:
+        if self.echo or self.logprobs is not None or self.suffix is not None or self.best_of not in (None, 1):
+            raise InvalidRequestError("echo, logprobs, suffix and best_of are not supported; leave them out")
+        request = self.generate_request()
+        request.prompt = self._prompt_text()
+        return request
+
+    def _prompt_text(self) -> str:
+        prompt = self.prompt
+        if isinstance(prompt, str):
+            return prompt
+        if len(prompt) == 1 and isinstance(prompt[0], str):
+            return prompt[0]
+        if all(isinstance(p, str) for p in prompt):
+            raise InvalidRequestError(f"one prompt per request, got {len(prompt)}; send them as separate requests")
+        raise InvalidRequestError("token-id prompts are not supported; send the prompt as text")
+
+
+class TextPart(BaseModel):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    role: str
+    content: str | list[TextPart]
+    name: str | None = None
+
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else "".join(part.text for part in self.content)
+
+
+class ChatCompletionRequest(_Request):
+    messages: list[ChatMessage]
+    max_completion_tokens: int | None = Field(default=None, ge=1)  # the newer name of max_tokens
+    logprobs: bool | None = None
+    tools: list[dict] | None = None
+
+    def to_generate_request(self) -> gateway_pb2.GenerateRequest:
+        if self.logprobs or self.tools:
+            raise InvalidRequestError("logprobs and tools are not supported; leave them out")
+        request = self.generate_request()
+        if self.max_completion_tokens is not None:
+            request.max_new_tokens = self.max_completion_tokens
+        for message in self.messages:
+            request.chat.messages.add(role=ROLE_ALIASES.get(message.role, message.role), content=message.text())
+        if not self.messages:
+            request.chat.SetInParent()  # so the gateway says "no messages" rather than "no input"
+        return request
