@@ -13,6 +13,11 @@ def main(argv: list[str] | None = None) -> None:
     add_server_args(parser, "SPECDEC_DRAFT", default_port=50053)
     parser.add_argument("--drafter", choices=["model", "ngram"], default=env_default("SPECDEC_DRAFT", "drafter", "ngram"),
                         help="'model' runs --model as the draft; 'ngram' needs no weights")
+    parser.add_argument("--draft-name", default=env_default("SPECDEC_DRAFT", "draft_name", "default"),
+                        help="the name requests choose the start-up draft by (GenerateRequest.draft_model)")
+    parser.add_argument("--admin-token", default=env_default("SPECDEC_DRAFT", "admin_token", None),
+                        help="enables LoadDraft/UnloadDraft for callers sending 'authorization: Bearer TOKEN' "
+                             "(prefer the env var: flags show in ps)")
     add_runtime_args(parser, "SPECDEC_DRAFT", DEFAULT_MODEL)
     args = parser.parse_args(argv)
     setup_logging(args.log_level)

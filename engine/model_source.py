@@ -45,7 +45,11 @@ def resolve_path(spec: str) -> Path | None:
             raise UnsupportedModelError(f"{spec}: Python package {module!r} is not installed")
         return Path(found.submodule_search_locations[0]) / rel
     path = Path(spec).expanduser()
-    return path if path.exists() else None
+    if path.exists():
+        return path
+    if spec.startswith(("/", "./", "../", "~")) or spec.endswith(".gguf"):
+        raise UnsupportedModelError(f"cannot load model {spec!r}: no such file or directory")
+    return None
 
 
 def load_pretrained(spec: str, dtype: torch.dtype, device: torch.device, cache_dir: Path) -> LoadedModel:

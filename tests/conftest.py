@@ -14,6 +14,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 if not torch.cuda.is_available():  # Triton kernels run under the interpreter; set before they are defined
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+from draft_service.registry import DraftRegistry  # noqa: E402
 from draft_service.server import start_draft_server  # noqa: E402
 from engine.model_drafter import ModelDrafter  # noqa: E402
 from engine.model_runner import ModelRunner, RuntimeConfig  # noqa: E402
@@ -73,7 +74,7 @@ def target_server(loop, model_dirs):
 def draft_servers(loop, model_dirs):
     drafters = {name: ModelDrafter(_runner(model_dirs[name])) for name in DRAFTS if name != "ngram"}
     drafters["ngram"] = NgramDrafter()
-    servers = {name: loop.run(start_draft_server(d)) for name, d in drafters.items()}
+    servers = {name: loop.run(start_draft_server(DraftRegistry.of(d))) for name, d in drafters.items()}
     yield servers
     for server in servers.values():
         loop.run(server.stop())

@@ -4,6 +4,7 @@ from __future__ import annotations
 import grpc
 import pytest
 
+from draft_service.registry import DraftRegistry
 from draft_service.server import start_draft_server
 from engine.model_drafter import ModelDrafter
 from engine.model_runner import ModelRunner, RuntimeConfig
@@ -16,7 +17,7 @@ from target_service.server import start_target_server
 
 
 def test_gateway_refuses_a_draft_with_another_tokenizer(loop, model_dirs, target_server):
-    draft = loop.run(start_draft_server(ModelDrafter(ModelRunner(RuntimeConfig(model=str(model_dirs["other_tokenizer"]))))))
+    draft = loop.run(start_draft_server(DraftRegistry.of(ModelDrafter(ModelRunner(RuntimeConfig(model=str(model_dirs["other_tokenizer"])))))))
     try:
         config = GatewayConfig(f"127.0.0.1:{target_server.port}", f"127.0.0.1:{draft.port}")
         with pytest.raises(IncompatibleModelsError, match="use different tokenizers.*vocab sizes 330 vs 400"):

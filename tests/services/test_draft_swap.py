@@ -1,0 +1,176 @@
+"""Live draft swap: LoadDraft while serving, drafts chosen per request, refused loads change nothing."""
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import time
+from typing import NamedTuple
+
+import grpc
+import pytest
+
+from draft_service.registry import DraftRegistry, model_loader
+from draft_service.server import start_draft_server
+from engine.model_runner import RuntimeConfig
+from gateway.config import GatewayConfig
+from gateway.server import start_gateway_server
+from harness import channel, generate
+from specdec import admin
+from specdec.v1 import common_pb2, draft_pb2, draft_pb2_grpc, gateway_pb2_grpc
+
+TOKEN = "swap-secret"
+AUTH = (("authorization", f"Bearer {TOKEN}"),)
+PROMPTS = ["The quick brown fox", "Speculative decoding is", "Once upon a time", "1 2 3 4 5 6",
+           "Hello, world", "A B C D", "tokens tokens tokens", "the the the"]
+
+
+class SwapTrio(NamedTuple):
+    draft: draft_pb2_grpc.DraftServiceStub
+    gateway: gateway_pb2_grpc.GatewayStub
+    draft_port: int
+
+
+@pytest.fixture
+def swap_trio(loop, model_dirs, target_server):
+    """A draft service (admin token set) starting on the 'unrelated' draft, and a gateway over it."""
+    load = model_loader(RuntimeConfig(model="", kv_cache_tokens=8192, device=os.environ.get("SPECDEC_TEST_DEVICE", "cpu")), max_batch_size=64)
+    drafts = DraftRegistry(load)
+    loop.run(drafts.load("first", str(model_dirs["unrelated"]), make_default=True))
+    draft = loop.run(start_draft_server(drafts, admin_token=TOKEN))
+    gateway = loop.run(start_gateway_server(GatewayConfig(f"127.0.0.1:{target_server.port}", f"127.0.0.1:{draft.port}")))
+    with channel(draft.port) as d, channel(gateway.port) as g:
+        yield SwapTrio(draft_pb2_grpc.DraftServiceStub(d), gateway_pb2_grpc.GatewayStub(g), draft.port)
+    loop.run(gateway.stop())
+    loop.run(draft.stop())
+
+
+def _drafts(draft) -> dict[str, bool]:
+    return {e.name: e.is_default for e in draft.ListDrafts(draft_pb2.ListDraftsRequest()).drafts}
+
+
+def test_swap_in_the_middle_of_concurrent_requests_fails_none_and_stays_lossless(
+        swap_trio, gateway_stub, model_dirs, pool):
+    draft, gateway, _ = swap_trio
+    expected = {p: generate(gateway_stub("none"), prompt=p, max_new_tokens=48)[0] for p in PROMPTS}
+    futures = [pool.submit(generate, gateway, prompt=p, max_new_tokens=48, num_draft_tokens=4) for p in PROMPTS * 2]
+    while draft.GetEngineStats(common_pb2.EngineStatsRequest()).num_active_sequences < 4:
+        time.sleep(0.005)  # wait until requests are in flight on the first draft
+    loaded = draft.LoadDraft(draft_pb2.LoadDraftRequest(name="second", model=str(model_dirs["identical"]),
+                                                        make_default=True), metadata=AUTH)
+    assert loaded.loaded.is_default and loaded.loaded.info.model_id == str(model_dirs["identical"])
+    assert not all(f.done() for f in futures), "the swap should land while requests are in flight"
+    futures += [pool.submit(generate, gateway, prompt=p, max_new_tokens=48, num_draft_tokens=4) for p in PROMPTS]
+    results = [f.result(timeout=120) for f in futures]  # raises if any request failed
+    assert [tokens for tokens, _, _ in results] == [expected[p] for p in PROMPTS * 3]
+    assert _drafts(draft) == {"first": False, "second": True}
+    # requests after the swap ran on the identical draft: every proposal accepted
+    _, _, final = generate(gateway, prompt="After the swap", max_new_tokens=16, num_draft_tokens=4)
+    assert final.stats.acceptance_rate == 1.0
+
+
+def test_each_request_picks_its_draft_by_name(swap_trio, model_dirs):
+    draft, gateway, _ = swap_trio
+    draft.LoadDraft(draft_pb2.LoadDraftRequest(name="exact", model=str(model_dirs["identical"])), metadata=AUTH)
+    assert _drafts(draft) == {"first": True, "exact": False}
+    by_name = generate(gateway, prompt="Pick a draft", max_new_tokens=16, num_draft_tokens=4, draft_model="exact")
+    default = generate(gateway, prompt="Pick a draft", max_new_tokens=16, num_draft_tokens=4)
+    assert by_name[0] == default[0]
+    assert by_name[2].stats.acceptance_rate == 1.0 > default[2].stats.acceptance_rate
+
+
+def test_unknown_draft_name_is_not_found_and_frees_everything(swap_trio):
+    draft, gateway, _ = swap_trio
+    with pytest.raises(grpc.RpcError) as info:
+        generate(gateway, prompt="hi", max_new_tokens=4, draft_model="missing")
+    assert info.value.code() == grpc.StatusCode.NOT_FOUND
+    assert "no draft model named 'missing'" in info.value.details() and "loaded: first" in info.value.details()
+    assert draft.GetEngineStats(common_pb2.EngineStatsRequest()).num_active_sequences == 0
+
+
+@pytest.mark.parametrize("metadata, detail", [
+    ((), "missing or wrong admin token"),
+    ((("authorization", "Bearer wrong"),), "missing or wrong admin token"),
+])
+def test_load_without_the_admin_token_is_permission_denied(swap_trio, model_dirs, metadata, detail):
+    draft, _, _ = swap_trio
+    with pytest.raises(grpc.RpcError) as info:
+        draft.LoadDraft(draft_pb2.LoadDraftRequest(name="x", model=str(model_dirs["identical"])), metadata=metadata)
+    assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED and detail in info.value.details()
+    assert _drafts(draft) == {"first": True}
+
+
+def test_admin_rpcs_are_disabled_without_a_configured_token(draft_stub, model_dirs):
+    with pytest.raises(grpc.RpcError) as info:
+        draft_stub("perturbed").LoadDraft(draft_pb2.LoadDraftRequest(name="x", model=str(model_dirs["identical"])),
+                                          metadata=AUTH)
+    assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED and "--admin-token" in info.value.details()
+
+
+@pytest.mark.parametrize("request_fields, code, detail", [
+    (dict(name="bad", model="/no/such/model/dir"), grpc.StatusCode.FAILED_PRECONDITION, "no such file or directory"),
+    (dict(name="other", model="other_tokenizer"), grpc.StatusCode.FAILED_PRECONDITION,
+     "(vocab 330, tokenizer"),
+    (dict(name="first", model="identical"), grpc.StatusCode.INVALID_ARGUMENT, "set replace to swap it"),
+    (dict(name="no spaces", model="identical"), grpc.StatusCode.INVALID_ARGUMENT, "must be 1-64 letters"),
+    (dict(name="x", model="identical", expected_tokenizer_fingerprint="0" * 64),
+     grpc.StatusCode.FAILED_PRECONDITION, "different tokenizer than the expected tokenizer"),
+])
+def test_refused_loads_leave_the_old_draft_serving(swap_trio, model_dirs, gateway_stub, request_fields, code, detail):
+    draft, gateway, _ = swap_trio
+    if request_fields["model"] in model_dirs:
+        request_fields = {**request_fields, "model": str(model_dirs[request_fields["model"]])}
+    with pytest.raises(grpc.RpcError) as info:
+        draft.LoadDraft(draft_pb2.LoadDraftRequest(make_default=True, **request_fields), metadata=AUTH)
+    assert info.value.code() == code and detail in info.value.details(), info.value.details()
+    assert _drafts(draft) == {"first": True}
+    tokens, _, final = generate(gateway, prompt="Still serving", max_new_tokens=12, num_draft_tokens=4)
+    assert tokens == generate(gateway_stub("none"), prompt="Still serving", max_new_tokens=12)[0]
+    assert final.stats.num_draft_tokens > 0
+
+
+def test_replace_and_unload(swap_trio, model_dirs):
+    draft, gateway, _ = swap_trio
+    draft.LoadDraft(draft_pb2.LoadDraftRequest(name="lookup", model="ngram"), metadata=AUTH)
+    draft.LoadDraft(draft_pb2.LoadDraftRequest(name="first", model=str(model_dirs["identical"]), replace=True),
+                    metadata=AUTH)
+    _, _, final = generate(gateway, prompt="Replaced", max_new_tokens=12, num_draft_tokens=4)
+    assert final.stats.acceptance_rate == 1.0  # "first" is now the identical draft
+    with pytest.raises(grpc.RpcError) as info:
+        draft.UnloadDraft(draft_pb2.UnloadDraftRequest(name="first"), metadata=AUTH)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "is the default draft" in info.value.details()
+    remaining = draft.UnloadDraft(draft_pb2.UnloadDraftRequest(name="lookup"), metadata=AUTH)
+    assert [e.name for e in remaining.drafts] == ["first"]
+    with pytest.raises(grpc.RpcError) as info:
+        generate(gateway, prompt="hi", max_new_tokens=4, draft_model="lookup")
+    assert info.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_unloading_a_draft_with_requests_in_flight_lets_them_finish(swap_trio, model_dirs, gateway_stub, pool):
+    draft, gateway, _ = swap_trio
+    draft.LoadDraft(draft_pb2.LoadDraftRequest(name="busy", model=str(model_dirs["perturbed"])), metadata=AUTH)
+    futures = [pool.submit(generate, gateway, prompt=p, max_new_tokens=24, draft_model="busy") for p in PROMPTS]
+    time.sleep(0.2)
+    draft.UnloadDraft(draft_pb2.UnloadDraftRequest(name="busy"), metadata=AUTH)
+    done, _ = concurrent.futures.wait(futures, timeout=120)
+    started_after = [f for f in done if f.exception() is not None]
+    # requests that had started finish; any that had not yet started get NOT_FOUND, nothing else
+    assert all(f.exception().code() == grpc.StatusCode.NOT_FOUND for f in started_after)
+    for future, prompt in zip(futures, PROMPTS):
+        if future.exception() is None:
+            assert future.result()[0] == generate(gateway_stub("none"), prompt=prompt, max_new_tokens=24)[0]
+
+
+def test_admin_cli_swaps_the_default_checked_against_the_target(swap_trio, target_server, model_dirs, capsys):
+    draft, gateway, _ = swap_trio
+    port = swap_trio.draft_port
+    common = ["--draft", f"127.0.0.1:{port}", "--token", TOKEN]
+    assert admin.main([*common, "load-draft", "other", str(model_dirs["other_tokenizer"]),
+                       "--target", f"127.0.0.1:{target_server.port}"]) == 1
+    assert "FAILED_PRECONDITION" in capsys.readouterr().err
+    assert admin.main([*common, "load-draft", "exact", str(model_dirs["identical"]), "--default",
+                       "--target", f"127.0.0.1:{target_server.port}"]) == 0
+    assert '"isDefault": true' in capsys.readouterr().out
+    assert _drafts(draft) == {"first": False, "exact": True}
+    assert admin.main([*common, "unload-draft", "first"]) == 0
+    assert admin.main(["--draft", f"127.0.0.1:{port}", "list-drafts"]) == 0
+    assert '"name": "exact"' in capsys.readouterr().out and _drafts(draft) == {"exact": True}
