@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import grpc
 from google.protobuf.json_format import MessageToDict
 
+from specdec.request_id import REQUEST_ID_KEY
 from specdec.v1 import gateway_pb2, gateway_pb2_grpc
 
 
@@ -46,10 +47,16 @@ def collect(chunks: Iterable[gateway_pb2.GenerateResponse], on_chunk=None) -> Co
     return Completion(token_ids, text, final)
 
 
-def stream(address: str, request: gateway_pb2.GenerateRequest, on_chunk=None, timeout_s: float = 600) -> Completion:
-    """Runs Generate on the gateway at `address`; returns the whole completion."""
+def stream(address: str, request: gateway_pb2.GenerateRequest, on_chunk=None, timeout_s: float = 600,
+           request_id: str | None = None) -> Completion:
+    """Runs Generate on the gateway at `address`; returns the whole completion.
+
+    `request_id` travels as x-request-id metadata; the gateway makes one when it is None.
+    """
+    metadata = [(REQUEST_ID_KEY, request_id)] if request_id else None
     with grpc.insecure_channel(address) as channel:
-        return collect(gateway_pb2_grpc.GatewayStub(channel).Generate(request, timeout=timeout_s), on_chunk)
+        chunks = gateway_pb2_grpc.GatewayStub(channel).Generate(request, timeout=timeout_s, metadata=metadata)
+        return collect(chunks, on_chunk)
 
 
 def format_stats(final: gateway_pb2.GenerateResponse) -> str:
@@ -58,7 +65,9 @@ def format_stats(final: gateway_pb2.GenerateResponse) -> str:
     return (f"finish={reason} prompt={s.num_prompt_tokens} completion={s.num_completion_tokens} tokens | "
             f"drafted={s.num_draft_tokens} accepted={s.num_accepted_tokens} "
             f"acceptance={s.acceptance_rate:.2f} mean_accepted_len={s.mean_accepted_len:.2f} | "
-            f"ttft={s.time_to_first_token_s * 1000:.0f} ms {s.tokens_per_s:.1f} tok/s")
+            f"ttft={s.time_to_first_token_s * 1000:.0f} ms {s.tokens_per_s:.1f} tok/s | "
+            f"forward: draft {s.draft_forward_s * 1000:.0f} ms, target {s.target_forward_s * 1000:.0f} ms | "
+            f"request_id={s.request_id}")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -70,6 +79,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("-k", "--num-draft-tokens", type=int, help="draft tokens per step; 0 = no speculation")
     parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     parser.add_argument("--json", action="store_true", help="one JSON object per chunk on stdout")
+    parser.add_argument("--request-id", help="sent as x-request-id; the services' logs carry it")
     args = parser.parse_args(argv)
     request = build_request(args.prompt, args.chat, args.max_new_tokens, args.num_draft_tokens, args.stop)
 
@@ -80,7 +90,7 @@ def main(argv: list[str] | None = None) -> None:
             print(chunk.text, end="", flush=True)
 
     try:
-        completion = stream(args.address, request, show)
+        completion = stream(args.address, request, show, request_id=args.request_id)
     except grpc.RpcError as e:
         print(f"\nspecdec-client: {e.code().name}: {e.details()}", file=sys.stderr)
         sys.exit(1)
