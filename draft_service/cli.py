@@ -20,7 +20,7 @@ def main(argv: list[str] | None = None) -> None:
                              "(prefer the env var: flags show in ps)")
     add_runtime_args(parser, "SPECDEC_DRAFT", DEFAULT_MODEL)
     args = parser.parse_args(argv)
-    setup_logging(args.log_level)
+    setup_logging(args.log_level, args.log_format)
     run(args, runtime_config(args))
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 from draft_service.registry import NGRAM, DraftRegistry, model_loader
 from draft_service.servicer import DraftServicer
 from engine.model_runner import RuntimeConfig
+from specdec.metrics import EngineSource, engine_registry
 from specdec.serving import RunningServer, serve_until_signal, start_server
 from specdec.v1 import draft_pb2, draft_pb2_grpc
 
@@ -16,20 +17,30 @@ SERVICE_NAME = draft_pb2.DESCRIPTOR.services_by_name["DraftService"].full_name
 
 async def start_draft_server(
     drafts: DraftRegistry, host: str = "127.0.0.1", port: int = 0, ready_file: Path | None = None,
-    admin_token: str | None = None,
+    admin_token: str | None = None, metrics_port: int | None = None,
 ) -> RunningServer:
+    """`metrics_port`: serve Prometheus metrics there (0: a free port; None: not at all)."""
     drafts.start()
     servicer = DraftServicer(drafts, admin_token)
+    registry, _ = engine_registry("draft", lambda: _engine_sources(drafts), ["draft"])
     return await start_server(
         lambda server: draft_pb2_grpc.add_DraftServiceServicer_to_server(servicer, server),
         [SERVICE_NAME], host, port, ready_file, cleanup=drafts.stop,
+        metrics_registry=registry, metrics_port=metrics_port,
     )
+
+
+def _engine_sources(drafts: DraftRegistry) -> list[EngineSource]:
+    """Every loaded draft, read at scrape time (the n-gram drafter has no runner)."""
+    return [EngineSource({"draft": d.name}, d.drafter.stats(), d.drafter.description,
+                         getattr(d.drafter, "runner", None)) for d in drafts.list()]
 
 
 async def _start(args: argparse.Namespace, config: RuntimeConfig) -> RunningServer:
     drafts = DraftRegistry(model_loader(config, args.max_batch_size))
     await drafts.load(args.draft_name, NGRAM if args.drafter == "ngram" else config.model, make_default=True)
-    return await start_draft_server(drafts, args.host, args.port, args.ready_file, args.admin_token or None)
+    return await start_draft_server(drafts, args.host, args.port, args.ready_file, args.admin_token or None,
+                                    args.metrics_port)
 
 
 def run(args: argparse.Namespace, config: RuntimeConfig) -> None:

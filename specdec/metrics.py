@@ -38,44 +38,60 @@ ENGINE_STATS = {
 }
 
 
+@dataclass(frozen=True)
+class EngineSource:
+    """One engine's figures at scrape time; `labels` tell engines of one service apart."""
+
+    labels: dict[str, str]
+    stats: dict[str, int]  # keys as in ENGINE_STATS, plus num_kv_blocks_total / kv_block_size
+    description: ModelDescription
+    runner: ModelRunner | None = None  # for CUDA-graph hits and misses
+
+
 class EngineCollector(Collector):
     """Reads a model service's counters when Prometheus scrapes.
 
-    `stats`: the engine's (or drafter's) `stats()` dict, keys as in ENGINE_STATS plus
-    num_kv_blocks_total / kv_block_size; missing keys are simply not exported (the n-gram
-    drafter has no KV cache). `runner`: the ModelRunner, for CUDA-graph hits and misses.
+    `sources()` lists the service's engines: the target's one, or every loaded draft. Missing
+    stats keys are simply not exported (the n-gram drafter has no KV cache).
     """
 
-    def __init__(self, role: str, stats: Callable[[], dict[str, int]], description: ModelDescription,
-                 runner: ModelRunner | None = None) -> None:
+    def __init__(self, role: str, sources: Callable[[], list[EngineSource]], label_names: list[str]) -> None:
         self._role = role
-        self._stats = stats
-        self._description = description
-        self._runner = runner
+        self._sources = sources
+        self._label_names = label_names
 
     def collect(self) -> Iterator:
-        stats = self._stats()
-        for key, (name, kind, help_text) in ENGINE_STATS.items():
-            if key in stats:
-                family = GaugeMetricFamily if kind == "gauge" else CounterMetricFamily
-                yield family(name, help_text, value=stats[key])
-        if "num_kv_blocks_total" in stats:
-            yield GaugeMetricFamily("specdec_engine_kv_blocks_free", "KV cache blocks free",
-                                    value=stats["num_kv_blocks_total"] - stats.get("num_kv_blocks_used", 0))
-        if "kv_block_size" in stats:
-            yield GaugeMetricFamily("specdec_engine_kv_block_size_tokens", "Tokens per KV cache block",
-                                    value=stats["kv_block_size"])
-        if self._runner is not None:
-            graphs = CounterMetricFamily("specdec_engine_cuda_graph_steps",
-                                         "Forwards that replayed a captured CUDA graph (hit) or ran eagerly (miss)",
-                                         labels=["result"])
-            graphs.add_metric(["hit"], self._runner.graphs.num_replays if self._runner.graphs else 0)
-            graphs.add_metric(["miss"], self._runner.num_eager_steps)
-            yield graphs
-        info = InfoMetricFamily("specdec_engine_model", "The model this service serves")
-        info.add_metric([], {"role": self._role, "model_id": self._description.model_id,
-                             "architecture": self._description.architecture,
-                             "max_model_len": str(self._description.max_model_len)})
+        names = self._label_names
+        families: dict[str, GaugeMetricFamily | CounterMetricFamily] = {}
+
+        def family(name: str, kind: str, help_text: str, extra: list[str] = ()):
+            if name not in families:
+                cls = GaugeMetricFamily if kind == "gauge" else CounterMetricFamily
+                families[name] = cls(name, help_text, labels=[*names, *extra])
+            return families[name]
+
+        info = InfoMetricFamily("specdec_engine_model", "The model this service serves", labels=names)
+        for source in self._sources():
+            values = [source.labels[n] for n in names]
+            stats = source.stats
+            for key, (name, kind, help_text) in ENGINE_STATS.items():
+                if key in stats:
+                    family(name, kind, help_text).add_metric(values, stats[key])
+            if "num_kv_blocks_total" in stats:
+                family("specdec_engine_kv_blocks_free", "gauge", "KV cache blocks free").add_metric(
+                    values, stats["num_kv_blocks_total"] - stats.get("num_kv_blocks_used", 0))
+            if "kv_block_size" in stats:
+                family("specdec_engine_kv_block_size_tokens", "gauge", "Tokens per KV cache block").add_metric(
+                    values, stats["kv_block_size"])
+            if source.runner is not None:
+                graphs = family("specdec_engine_cuda_graph_steps", "counter",
+                                "Forwards that replayed a captured CUDA graph (hit) or ran eagerly (miss)", ["result"])
+                graphs.add_metric([*values, "hit"], source.runner.graphs.num_replays if source.runner.graphs else 0)
+                graphs.add_metric([*values, "miss"], source.runner.num_eager_steps)
+            d = source.description
+            info.add_metric(values, {"role": self._role, "model_id": d.model_id, "architecture": d.architecture,
+                                     "max_model_len": str(d.max_model_len)})
+        yield from families.values()
         yield info
 
 
@@ -95,11 +111,11 @@ class ForwardMetrics:
         self._seconds.labels(phase).observe(duration_s)
 
 
-def engine_registry(role: str, stats: Callable[[], dict[str, int]], description: ModelDescription,
-                    runner: ModelRunner | None = None) -> tuple[CollectorRegistry, ForwardMetrics]:
+def engine_registry(role: str, sources: Callable[[], list[EngineSource]],
+                    label_names: list[str] = ()) -> tuple[CollectorRegistry, ForwardMetrics]:
     """A model service's registry: the scrape-time collector plus the per-forward histograms."""
     registry = CollectorRegistry()
-    registry.register(EngineCollector(role, stats, description, runner))
+    registry.register(EngineCollector(role, sources, list(label_names)))
     return registry, ForwardMetrics(registry)
 
 

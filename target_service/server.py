@@ -9,7 +9,7 @@ from pathlib import Path
 from engine.batching_loop import torch_thread
 from engine.model_runner import ModelRunner, RuntimeConfig
 from engine.target_engine import TargetEngine, TargetEngineConfig
-from specdec.metrics import engine_registry
+from specdec.metrics import EngineSource, engine_registry
 from specdec.serving import RunningServer, serve_until_signal, start_server
 from specdec.v1 import target_pb2, target_pb2_grpc
 from target_service.servicer import TargetServicer
@@ -25,7 +25,8 @@ async def start_target_server(
 ) -> RunningServer:
     """`metrics_port`: serve Prometheus metrics there (0: a free port; None: not at all)."""
     engine = TargetEngine(runner, config, executor)
-    registry, forward_metrics = engine_registry("target", engine.stats, runner.description, runner)
+    registry, forward_metrics = engine_registry(
+        "target", lambda: [EngineSource({}, engine.stats(), runner.description, runner)])
     engine.observe_forwards(forward_metrics)
     engine.start()
     servicer = TargetServicer(engine)

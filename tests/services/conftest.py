@@ -1,5 +1,5 @@
-"""Fixtures of the observability tests: a target and a gateway with their metrics endpoints (and
-the gateway's OpenAI HTTP port) on free ports, in front of the session's perturbed draft."""
+"""Fixtures of the observability tests: a target, a draft (the perturbed model) and a gateway with
+their metrics endpoints (and the gateway's OpenAI HTTP port) on free ports."""
 from __future__ import annotations
 
 import urllib.request
@@ -8,6 +8,9 @@ from collections import defaultdict
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from draft_service.registry import DraftRegistry
+from draft_service.server import start_draft_server
+from engine.model_drafter import ModelDrafter
 from engine.model_runner import ModelRunner, RuntimeConfig
 from gateway.config import GatewayConfig
 from gateway.server import start_gateway_server
@@ -16,17 +19,28 @@ from specdec.v1 import gateway_pb2_grpc
 from target_service.server import start_target_server
 
 
+def _runner(path) -> ModelRunner:
+    return ModelRunner(RuntimeConfig(model=str(path), kv_cache_tokens=8192))
+
+
 @pytest.fixture(scope="session")
 def observed_target(loop, model_dirs):
-    runner = ModelRunner(RuntimeConfig(model=str(model_dirs["target"]), kv_cache_tokens=8192))
-    server = loop.run(start_target_server(runner, metrics_port=0))
+    server = loop.run(start_target_server(_runner(model_dirs["target"]), metrics_port=0))
     yield server
     loop.run(server.stop())
 
 
 @pytest.fixture(scope="session")
-def observed_gateway(loop, observed_target, draft_servers):
-    config = GatewayConfig(f"127.0.0.1:{observed_target.port}", f"127.0.0.1:{draft_servers['perturbed'].port}",
+def observed_draft(loop, model_dirs):
+    drafts = DraftRegistry.of(ModelDrafter(_runner(model_dirs["perturbed"])), name="perturbed")
+    server = loop.run(start_draft_server(drafts, metrics_port=0))
+    yield server
+    loop.run(server.stop())
+
+
+@pytest.fixture(scope="session")
+def observed_gateway(loop, observed_target, observed_draft):
+    config = GatewayConfig(f"127.0.0.1:{observed_target.port}", f"127.0.0.1:{observed_draft.port}",
                            default_max_new_tokens=32)
     server = loop.run(start_gateway_server(config, metrics_port=0, http_port=0))
     yield server

@@ -95,6 +95,22 @@ def test_target_metrics_follow_the_engine(observed_target, observed_stub, scrape
     assert info["role"] == "target" and info["architecture"] == "llama"
 
 
+def test_draft_metrics_follow_each_loaded_draft(observed_draft, observed_stub, scrape):
+    before = scrape(observed_draft.metrics_port)
+    stats = _run_requests(observed_stub)
+    after = scrape(observed_draft.metrics_port)
+    started = after.value("specdec_engine_sequences_started_total", draft="perturbed") - before.value(
+        "specdec_engine_sequences_started_total", draft="perturbed")
+    assert started == len(stats)
+    assert after.value("specdec_engine_forwards_total", draft="perturbed") > before.value(
+        "specdec_engine_forwards_total", draft="perturbed")
+    assert after.value("specdec_engine_active_sequences", draft="perturbed") == 0
+    assert after.value("specdec_engine_kv_blocks_used", draft="perturbed") == 0
+    assert after.value("specdec_engine_cuda_graph_steps_total", draft="perturbed", result="miss") > 0
+    (info,) = after.labelled("specdec_engine_model_info")
+    assert info["role"] == "draft" and info["draft"] == "perturbed"
+
+
 class _Records(logging.Handler):
     def __init__(self) -> None:
         super().__init__(logging.DEBUG)
