@@ -42,12 +42,16 @@ def model_loader(base: RuntimeConfig, max_batch_size: int) -> LoadFn:
         if model == NGRAM:
             return NgramDrafter()
         executor = torch_thread()
-        try:  # load on the thread that will run it (see batching_loop.torch_thread)
-            runner = await asyncio.wrap_future(executor.submit(ModelRunner, dataclasses.replace(base, model=model)))
+
+        def build() -> ModelDrafter:  # load and capture on the thread that will run it (batching_loop.torch_thread)
+            runner = ModelRunner(dataclasses.replace(base, model=model))
+            return ModelDrafter(runner, max_batch_size=max_batch_size, executor=executor)
+
+        try:
+            return await asyncio.wrap_future(executor.submit(build))
         except BaseException:
             executor.shutdown(wait=False)
             raise
-        return ModelDrafter(runner, max_batch_size=max_batch_size, executor=executor)
 
     return load
 

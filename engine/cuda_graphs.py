@@ -9,6 +9,7 @@ run eagerly.
 from __future__ import annotations
 
 import bisect
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -60,56 +61,71 @@ class CudaGraphRunner:
         b = _bucket(self._config.batch_buckets, len(steps))
         q = _bucket(self._config.query_buckets, max(len(s.token_ids) for s in steps))
         graph = self._graphs[(b, q)]
-        self._fill(graph.batch, steps, q)
+        fill_static_batch(graph.batch, steps, q, self._kv)
         graph.graph.replay()
         self.num_replays += 1
         return [graph.logits[i * q + len(s.token_ids) - s.num_logits: i * q + len(s.token_ids)]
                 for i, s in enumerate(steps)]
 
-    def _fill(self, batch: ForwardBatch, steps: list[StepInput], q: int) -> None:
-        b = batch.context_lens.shape[0]
-        bs = self._kv.block_size
-        scratch = SCRATCH_BLOCK * bs
-        input_ids, positions, slots = [0] * (b * q), [0] * (b * q), [scratch] * (b * q)
-        context_lens = [q] * b  # pad sequences: q pad queries over the scratch block
-        block_tables = torch.full((b, self._max_blocks), SCRATCH_BLOCK, dtype=torch.int32)
-        for i, step in enumerate(steps):
-            n, start = len(step.token_ids), step.kv.num_tokens
-            input_ids[i * q: i * q + n] = step.token_ids
-            positions[i * q: i * q + n] = range(start, start + n)
-            slots[i * q: i * q + n] = step.kv.slots(start, n)
-            context_lens[i] = start + q  # the real queries keep their positions (see module doc)
-            block_tables[i, : len(step.kv.block_table)] = torch.tensor(step.kv.block_table, dtype=torch.int32)
-        host = torch.tensor([input_ids, positions, slots], dtype=torch.long)
-        batch.input_ids.copy_(host[0], non_blocking=True)
-        batch.positions.copy_(host[1], non_blocking=True)
-        batch.slot_mapping.copy_(host[2], non_blocking=True)
-        batch.context_lens.copy_(torch.tensor(context_lens, dtype=torch.int32), non_blocking=True)
-        batch.block_tables.copy_(block_tables, non_blocking=True)
-
     def _capture(self, b: int, q: int) -> _Graph:
-        device = self._device
-        batch = ForwardBatch(
-            input_ids=torch.zeros(b * q, dtype=torch.long, device=device),
-            positions=torch.zeros(b * q, dtype=torch.long, device=device),
-            slot_mapping=torch.full((b * q,), SCRATCH_BLOCK * self._kv.block_size, dtype=torch.long, device=device),
-            cu_seqlens_q=list(range(0, b * q + 1, q)),
-            cu_seqlens_q_t=torch.arange(0, b * q + 1, q, dtype=torch.int32, device=device),
-            context_lens=torch.full((b,), q, dtype=torch.int32, device=device),
-            block_tables=torch.full((b, self._max_blocks), SCRATCH_BLOCK, dtype=torch.int32, device=device),
-            max_num_q=q,
-            logits_indices=torch.arange(b * q, device=device),
-        )
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):  # warm-up compiles the Triton kernels for this shape
-            self._model(batch, self._kv, self._attention)
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
-            logits = self._model(batch, self._kv, self._attention)
+        batch = static_batch(b, q, self._max_blocks, self._kv.block_size, self._device)
+        graph, logits = capture(lambda: self._model(batch, self._kv, self._attention), self._pool)
         self.num_captures += 1
         return _Graph(graph, batch, logits)
+
+
+def static_batch(b: int, q: int, max_blocks: int, block_size: int, device: torch.device) -> ForwardBatch:
+    """Input buffers for b sequences of q tokens each, initialised as all padding."""
+    return ForwardBatch(
+        input_ids=torch.zeros(b * q, dtype=torch.long, device=device),
+        positions=torch.zeros(b * q, dtype=torch.long, device=device),
+        slot_mapping=torch.full((b * q,), SCRATCH_BLOCK * block_size, dtype=torch.long, device=device),
+        cu_seqlens_q=list(range(0, b * q + 1, q)),
+        cu_seqlens_q_t=torch.arange(0, b * q + 1, q, dtype=torch.int32, device=device),
+        context_lens=torch.full((b,), q, dtype=torch.int32, device=device),
+        block_tables=torch.full((b, max_blocks), SCRATCH_BLOCK, dtype=torch.int32, device=device),
+        max_num_q=q,
+        logits_indices=torch.arange(b * q, device=device),
+    )
+
+
+def fill_static_batch(batch: ForwardBatch, steps: list[StepInput], q: int, kv: KVPool) -> None:
+    """Writes the steps (KV slots reserved) into a static batch, padding to q tokens and b sequences.
+
+    Pad tokens write their K/V into the scratch block and only pad queries attend to them.
+    """
+    b, max_blocks = batch.block_tables.shape
+    bs = kv.block_size
+    scratch = SCRATCH_BLOCK * bs
+    input_ids, positions, slots = [0] * (b * q), [0] * (b * q), [scratch] * (b * q)
+    context_lens = [q] * b  # pad sequences: q pad queries over the scratch block
+    block_tables = torch.full((b, max_blocks), SCRATCH_BLOCK, dtype=torch.int32)
+    for i, step in enumerate(steps):
+        n, start = len(step.token_ids), step.kv.num_tokens
+        input_ids[i * q: i * q + n] = step.token_ids
+        positions[i * q: i * q + n] = range(start, start + n)
+        slots[i * q: i * q + n] = step.kv.slots(start, n)
+        context_lens[i] = start + q  # the real queries keep their positions (see module doc)
+        block_tables[i, : len(step.kv.block_table)] = torch.tensor(step.kv.block_table, dtype=torch.int32)
+    host = torch.tensor([input_ids, positions, slots], dtype=torch.long)
+    batch.input_ids.copy_(host[0], non_blocking=True)
+    batch.positions.copy_(host[1], non_blocking=True)
+    batch.slot_mapping.copy_(host[2], non_blocking=True)
+    batch.context_lens.copy_(torch.tensor(context_lens, dtype=torch.int32), non_blocking=True)
+    batch.block_tables.copy_(block_tables, non_blocking=True)
+
+
+def capture(fn: Callable[[], torch.Tensor], pool: tuple) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+    """Warms `fn` up on a side stream (compiling Triton kernels), then captures it; returns its static output."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        out = fn()
+    return graph, out
 
 
 def _bucket(buckets: tuple[int, ...], n: int) -> int:

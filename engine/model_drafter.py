@@ -1,8 +1,9 @@
 """A causal-LM drafter: greedy proposals from a small model with its own paged KV cache.
 
-Proposals of concurrent requests are batched: one forward feeds every sequence's pending
-tokens (the committed tokens it has not seen, including the "catch-up" last draft token when
-everything was accepted), then k-1 single-token forwards extend all of them together.
+Proposals of concurrent requests are batched: new sequences' prompts are prefilled in one
+forward, then one proposal loop (engine/draft_loop.py; a single CUDA graph on the GPU) feeds every
+proposing sequence's pending tokens (the committed tokens it has not seen, including the
+"catch-up" last draft token when everything was accepted) and extends all of them together.
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 
 from engine.batch import StepInput
 from engine.batching_loop import BatchingLoop
+from engine.draft_loop import DraftLoop
 from engine.drafter import DraftSequence, ProposeTiming, check_propose
 from engine.kv_cache import KVAdmission
 from engine.limits import check_new_sequence
@@ -38,6 +40,7 @@ class ModelDrafter:
         self._loop: BatchingLoop[_Job, tuple[list[int], ProposeTiming]] = BatchingLoop(
             self._process, max_batch_size, executor)
         self.admission = KVAdmission(runner.kv.config.num_blocks, runner.kv.block_size)
+        self.draft_loop = DraftLoop(runner)  # on CUDA: captures its graphs (call on the torch thread)
         self._counters = {"num_active_sequences": 0, "num_sequences_started": 0, "num_forwards": 0,
                           "num_sequence_steps": 0}
 
@@ -80,57 +83,43 @@ class ModelDrafter:
 
     def stats(self) -> dict[str, int]:
         allocator = self.runner.kv.allocator
-        return {**self._counters, "num_kv_blocks_used": allocator.num_used,
+        counters = {**self._counters, "num_forwards": self._counters["num_forwards"] + self.draft_loop.num_forwards,
+                    "num_sequence_steps": self._counters["num_sequence_steps"] + self.draft_loop.num_sequence_steps}
+        return {**counters, "num_kv_blocks_used": allocator.num_used,
                 "num_waiting_sequences": self.admission.num_waiting,
                 "num_kv_blocks_total": allocator.num_blocks, "kv_block_size": self.runner.kv.block_size}
 
     def _process(self, jobs: list[_Job]) -> list[tuple[list[int], ProposeTiming] | Exception]:
-        """Worker thread: prefill/catch-up forward for all jobs, then k-1 greedy decode steps."""
+        """Worker thread: prefill the new sequences, then one batched proposal loop for the rest."""
         start = time.perf_counter_ns()
-        results: list[tuple[list[int], ProposeTiming] | Exception] = []
-        first_steps: list[StepInput] = []
-        active: list[_Job] = []
+        results: list[tuple[list[int], ProposeTiming] | Exception | None] = []
+        prefills: list[StepInput] = []
+        proposing: list[tuple[int, _Job, StepInput]] = []
         for job in jobs:
             kv = job.seq.kv
+            results.append(None)
             if kv.is_released:
-                results.append(InvalidRequestError("sequence was released"))
+                results[-1] = InvalidRequestError("sequence was released")
                 continue
             if job.num_draft_tokens:
                 kv.truncate(min(kv.num_tokens, job.num_kv_valid))  # roll back rejected drafts
             pending = job.seq.token_ids[kv.num_tokens:]
             # the last proposed token is never fed, so room for pending + k - 1 tokens
-            needed = len(pending) + max(job.num_draft_tokens - 1, 0)
-            if not kv.can_reserve(needed):  # admission makes this unreachable; kept as a guard
-                results.append(CapacityError("draft KV cache is full; retry later"))
-                continue
-            kv.reserve(needed)
-            first_steps.append(StepInput(kv, pending, num_logits=1 if job.num_draft_tokens else 0))
-            active.append(job)
-            results.append(([], ProposeTiming(0)))
-        proposals = {id(job): [] for job in active}
-        steps = first_steps
-        while steps:
-            logits = self.runner.forward(steps)
+            if not kv.can_reserve(len(pending) + max(job.num_draft_tokens - 1, 0)):
+                results[-1] = CapacityError("draft KV cache is full; retry later")  # admission prevents this
+            elif job.num_draft_tokens == 0:
+                prefills.append(StepInput(kv, pending, num_logits=0))
+            else:
+                proposing.append((len(results) - 1, job, StepInput(kv, pending, num_logits=1)))
+        if prefills:
+            self.runner.forward(prefills)
             self._counters["num_forwards"] += 1
-            self._counters["num_sequence_steps"] += len(steps)
-            steps, still_active = [], []
-            for job, job_logits in zip(active, logits):
-                if job.num_draft_tokens == 0:
-                    continue
-                token = int(job_logits[-1].argmax())
-                proposals[id(job)].append(token)
-                if len(proposals[id(job)]) < job.num_draft_tokens:
-                    steps.append(StepInput(job.seq.kv, [token], num_logits=1))
-                    still_active.append(job)
-            active = still_active
+            self._counters["num_sequence_steps"] += len(prefills)
+        proposals = self.draft_loop.propose([step for _, _, step in proposing],
+                                      [job.num_draft_tokens for _, job, _ in proposing]) if proposing else []
         timing = ProposeTiming(time.perf_counter_ns() - start)
-        final: list[tuple[list[int], ProposeTiming] | Exception] = []
-        for job, result in zip(jobs, results):
-            if isinstance(result, Exception):
-                final.append(result)
-                continue
-            draft_ids = proposals.get(id(job), [])
+        for (index, job, _), draft_ids in zip(proposing, proposals):
             job.seq.token_ids += draft_ids
             job.seq.num_proposed = len(draft_ids)
-            final.append((draft_ids, timing))
-        return final
+            results[index] = (draft_ids, timing)
+        return [([], timing) if r is None else r for r in results]

