@@ -5,7 +5,7 @@
 #
 #   deploy/docker_engine.sh start   # install (first time), start dockerd; prints the env to use
 #   deploy/docker_engine.sh stop    # stop dockerd (and the containerd it started), keep the data
-#   deploy/docker_engine.sh purge   # stop, then delete the data root
+#   deploy/docker_engine.sh purge   # stop, then delete the data root and the docker0 bridge
 #
 # Callers export DOCKER_HOST and DOCKER_CONFIG as `env` prints them (the compose plugin lives
 # in DOCKER_CONFIG/cli-plugins; nothing is installed outside Debian's own packages).
@@ -98,7 +98,7 @@ env() { echo "export DOCKER_HOST=$DOCKER_HOST DOCKER_CONFIG=$DOCKER_CONFIG"; }
 case "${1:-}" in
   start) start ;;
   stop) stop ;;
-  purge) stop; rm -rf "$DIR" ;;
+  purge) stop; rm -rf "$DIR"; ip link delete docker0 2>/dev/null || true ;;   # dockerd leaves its bridge
   env) env ;;
   *) echo "usage: $0 start|stop|purge|env" >&2; exit 2 ;;
 esac
