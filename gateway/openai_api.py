@@ -22,9 +22,9 @@ from google.protobuf.json_format import MessageToDict
 from starlette.exceptions import HTTPException
 
 from gateway.driver import Delta, Driver
+from gateway.metrics import OUTCOME_INVALID
 from gateway.openai_protocol import ChatCompletionRequest, CompletionRequest
 from gateway.output import Finish
-from gateway.metrics import OUTCOME_INVALID
 from gateway.request import GenerationParams
 from specdec.errors import InvalidRequestError, NotFoundError, SpecdecError
 from specdec.request_id import REQUEST_ID_KEY, check_request_id, current_request_id, new_request_id, request_id_var

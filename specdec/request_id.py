@@ -54,8 +54,8 @@ class RequestIdInterceptor(grpc.aio.ServerInterceptor):
         if handler is None:
             return None
         method = handler_call_details.method
-        serializers = dict(request_deserializer=handler.request_deserializer,
-                           response_serializer=handler.response_serializer)
+        serializers = {"request_deserializer": handler.request_deserializer,
+                       "response_serializer": handler.response_serializer}
         if handler.unary_unary:
             return grpc.unary_unary_rpc_method_handler(_wrap_unary(handler.unary_unary, method), **serializers)
         if handler.unary_stream:

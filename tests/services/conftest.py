@@ -6,6 +6,7 @@ import urllib.request
 from collections import defaultdict
 
 import pytest
+from harness import channel
 from prometheus_client.parser import text_string_to_metric_families
 
 from draft_service.registry import DraftRegistry
@@ -14,7 +15,6 @@ from engine.model_drafter import ModelDrafter
 from engine.model_runner import ModelRunner, RuntimeConfig
 from gateway.config import GatewayConfig
 from gateway.server import start_gateway_server
-from harness import channel
 from specdec.v1 import gateway_pb2_grpc
 from target_service.server import start_target_server
 

@@ -5,8 +5,8 @@ import logging
 
 import grpc
 import pytest
-
 from harness import generate
+
 from specdec.request_id import REQUEST_ID_KEY, RequestIdFilter
 from specdec.v1 import gateway_pb2
 

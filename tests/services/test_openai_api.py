@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import openai
 import pytest
-
 from harness import generate
+
 from specdec.request_id import REQUEST_ID_KEY
 from specdec.v1 import gateway_pb2
 
