@@ -94,9 +94,19 @@ class DraftRegistry:
     def of(cls, drafter: Drafter, name: str = "default", load: LoadFn | None = None) -> DraftRegistry:
         """A registry serving `drafter` as its default (started by `start`)."""
         registry = cls(load)
-        registry._entries[name] = _Entry(drafter)
-        registry._default = name
+        registry.add(name, drafter, make_default=True)
         return registry
+
+    def add(self, name: str, drafter: Drafter, make_default: bool = False) -> None:
+        """Serves an already-built drafter under a new name (started with the registry)."""
+        if name in self._entries:
+            raise InvalidRequestError(f"a draft named {name!r} is loaded")
+        entry = _Entry(drafter)
+        if self._started:
+            self._start(entry)
+        self._entries[name] = entry
+        if make_default or not self._default:
+            self._default = name
 
     def start(self) -> None:
         """Starts the drafters' batching loops; later loads start theirs as they come."""

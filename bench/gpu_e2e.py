@@ -1,0 +1,213 @@
+"""End-to-end benchmark of the trio on one GPU: gateway, draft and target as separate processes.
+
+Random-weight Llama-3.1-8B-shape target and Llama-3.2-1B-shape draft, bf16, driven over gRPC
+`Generate` with 1 and 8 concurrent streams, same prompts for every configuration:
+  * target_only: our trio with speculation off (k = 0);
+  * spec at alpha x k: SYNTHETIC ACCEPTANCE (bench/oracle_draft.py): the draft runs its real
+    forwards, then its proposals are replaced by the target's known greedy continuation at rate
+    alpha - random weights would accept nothing;
+  * hf_static: HF transformers generate() with its static cache (auto-compiled), same shapes.
+Writes bench/results/gpu_e2e.json. `--tiny` runs the same flow with tiny models on the CPU (a check
+of the script, no meaningful numbers).
+Usage: python bench/gpu_e2e.py [--tiny] [--skip-hf] [--out PATH]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timezone
+from pathlib import Path
+
+import grpc
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+
+from specdec.client import collect  # noqa: E402
+from specdec.launch import Trio  # noqa: E402
+from specdec.v1 import gateway_pb2, gateway_pb2_grpc  # noqa: E402
+from tiny_models import build_tokenizer  # noqa: E402
+
+LLAMA_8B = dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=8192, rope_theta=500000.0)
+LLAMA_1B = dict(vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+                num_attention_heads=32, num_key_value_heads=8, head_dim=64, max_position_embeddings=8192,
+                rope_theta=500000.0, tie_word_embeddings=True)
+TINY = dict(vocab_size=400, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=512)
+ALPHAS, KS, BATCHES = (0.6, 0.8, 0.9), (2, 4), (1, 8)
+
+
+def write_model_dir(path: Path, shape: dict, tokenizer) -> str:
+    LlamaConfig(**shape, bos_token_id=1, eos_token_id=2).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return f"random:{path}"
+
+
+def prompts_text(tokenizer, count: int, num_tokens: int) -> list[str]:
+    """Prompts of about `num_tokens` tokens each, different from each other."""
+    gen = torch.Generator().manual_seed(0)
+    vocab = len(tokenizer)
+    return [tokenizer.decode(torch.randint(3, vocab, (num_tokens,), generator=gen).tolist()) for _ in range(count)]
+
+
+def generate(stub, prompt: str, max_new: int, k: int, draft_model: str | None = None):
+    request = gateway_pb2.GenerateRequest(prompt=prompt, max_new_tokens=max_new, num_draft_tokens=k)
+    if draft_model:
+        request.draft_model = draft_model
+    return collect(stub.Generate(request, timeout=600))
+
+
+def run_config(stub, prompts: list[str], batch: int, max_new: int, k: int, draft_model: str | None = None) -> dict:
+    """`batch` concurrent streams at a time over all prompts; aggregate throughput and stats."""
+    generate(stub, prompts[0], 8, k, draft_model)  # warm the path
+    completions = []
+    started = time.perf_counter()
+    with ThreadPoolExecutor(batch) as pool:
+        for i in range(0, len(prompts), batch):
+            completions += list(pool.map(lambda p: generate(stub, p, max_new, k, draft_model), prompts[i:i + batch]))
+    wall = time.perf_counter() - started
+    stats = [c.final.stats for c in completions]
+    tokens = sum(s.num_completion_tokens for s in stats)
+    elapsed = [s.num_completion_tokens / s.tokens_per_s for s in stats if s.tokens_per_s]
+    steps = sum(s.num_verify_steps for s in stats)
+    return {
+        "tok_s": tokens / wall,
+        "acceptance_rate": sum(s.num_accepted_tokens for s in stats) / max(1, sum(s.num_draft_tokens for s in stats)),
+        "mean_accepted_len": sum(s.num_completion_tokens - 1 for s in stats) / max(1, steps),
+        "draft_ms_per_step": 1e3 * sum(s.draft_forward_s for s in stats) / max(1, steps),
+        "target_ms_per_step": 1e3 * sum(s.target_forward_s for s in stats) / max(1, steps),
+        "step_ms": 1e3 * sum(elapsed) / max(1, steps),
+        # time outside the two services' forwards, as a fraction of each request's time
+        "rpc_overhead_fraction": statistics.mean(
+            max(0.0, e - s.draft_forward_s - s.target_forward_s) / e for s, e in zip(stats, elapsed)),
+        "token_ids": [c.token_ids for c in completions],
+    }
+
+
+def hf_static_tok_s(shape: dict, prompts_ids: list[list[int]], batch: int, max_new: int, device: str) -> float:
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(LlamaConfig(**shape), dtype=torch.bfloat16).eval()
+    length = min(len(p) for p in prompts_ids[:batch])  # one batch needs one length
+    ids = torch.tensor([p[:length] for p in prompts_ids[:batch]], device=device)
+    gen = dict(do_sample=False, cache_implementation="static", min_new_tokens=max_new, max_new_tokens=max_new)
+    model.generate(ids, **gen)  # compile + warm-up
+    if device == "cuda":
+        torch.cuda.synchronize()
+    started = time.perf_counter()
+    model.generate(ids, **gen)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    tok_s = batch * max_new / (time.perf_counter() - started)
+    del model
+    return tok_s
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tiny", action="store_true", help="tiny models on the CPU: checks the script only")
+    parser.add_argument("--skip-hf", action="store_true")
+    parser.add_argument("--prompt-tokens", type=int, default=128)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--num-prompts", type=int, default=8)
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "gpu_e2e.json")
+    args = parser.parse_args()
+    device = "cpu" if args.tiny else "cuda"
+    dtype = "float32" if args.tiny else "bfloat16"
+    target_shape, draft_shape = (TINY, TINY) if args.tiny else (LLAMA_8B, LLAMA_1B)
+    metrics: dict[str, float] = {}
+    details: dict[str, dict] = {}
+    with tempfile.TemporaryDirectory(prefix="specdec-e2e-") as tmp:
+        work = Path(tmp)
+        tokenizer = build_tokenizer()
+        target_model = write_model_dir(work / "target", target_shape, tokenizer)
+        draft_model = write_model_dir(work / "draft", {**draft_shape, "num_hidden_layers": 1} if args.tiny else draft_shape,
+                                      tokenizer)
+        prompts = prompts_text(tokenizer, args.num_prompts, args.prompt_tokens)
+        prompt_ids = [tokenizer.encode(p) for p in prompts]
+        common = ["--device", device, "--dtype", dtype, "--max-model-len", "1024", "--log-level", "WARNING",
+                  "--kv-cache-tokens", str(16 * (args.prompt_tokens * 2 + args.max_new_tokens + 64))]
+        trio = Trio(work)
+        try:
+            started = time.perf_counter()
+            target = trio.wait_ready(trio.spawn("target", "target_service", ["--model", target_model, *common]), 900)
+            metrics["target_start_s"] = time.perf_counter() - started
+            plain = trio.wait_ready(trio.spawn("gateway-plain", "gateway", ["--target", target, "--draft", "none", "--log-level", "WARNING"]), 60)
+            with grpc.insecure_channel(plain) as channel:
+                stub = gateway_pb2_grpc.GatewayStub(channel)
+                for batch in BATCHES:
+                    result = run_config(stub, prompts, batch, args.max_new_tokens, 0)
+                    metrics[f"target_only_tok_s_bs{batch}"] = result["tok_s"]
+                    metrics[f"target_only_step_ms_bs{batch}"] = result["step_ms"]
+                    reference = result["token_ids"]
+            continuations = work / "continuations.json"
+            continuations.write_text(json.dumps([{"prompt_ids": p, "token_ids": t} for p, t in zip(prompt_ids, reference)]))
+            started = time.perf_counter()
+            draft = trio.wait_ready(trio.spawn("draft", "bench.oracle_draft", [
+                "--model", draft_model, "--continuations", str(continuations),
+                "--alphas", *map(str, ALPHAS), *common]), 900)
+            metrics["draft_start_s"] = time.perf_counter() - started
+            gateway = trio.wait_ready(trio.spawn("gateway", "gateway", ["--target", target, "--draft", draft, "--log-level", "WARNING"]), 60)
+            with grpc.insecure_channel(gateway) as channel:
+                stub = gateway_pb2_grpc.GatewayStub(channel)
+                for batch in BATCHES:
+                    for alpha in ALPHAS:
+                        for k in KS:
+                            result = run_config(stub, prompts, batch, args.max_new_tokens, k, f"oracle-{alpha:g}")
+                            name = f"alpha{alpha:g}_k{k}_bs{batch}"
+                            metrics[f"spec_tok_s_{name}"] = result["tok_s"]
+                            ids = result.pop("token_ids")
+                            result["outputs_differ_from_target_only"] = sum(a != b for a, b in zip(ids, reference))
+                            details[name] = result
+                    result = run_config(stub, prompts, batch, args.max_new_tokens, 4, "plain")
+                    result.pop("token_ids")
+                    details[f"real_random_draft_k4_bs{batch}"] = result
+        finally:
+            trio.stop()
+    best = details["alpha0.8_k4_bs1"]
+    metrics["draft_propose_ms_k4"] = best["draft_ms_per_step"]
+    metrics["target_verify_ms_k4"] = best["target_ms_per_step"]
+    metrics["rpc_overhead_fraction"] = best["rpc_overhead_fraction"]
+    metrics["acceptance_alpha0.8_k4_bs1"] = best["acceptance_rate"]
+    metrics["mean_accepted_len_alpha0.8_k4_bs1"] = best["mean_accepted_len"]
+    for batch in BATCHES:
+        metrics[f"target_only_tok_s_bs{batch}"] = metrics[f"target_only_tok_s_bs{batch}"]
+        metrics[f"spec_over_target_only_alpha0.8_k4_bs{batch}"] = (
+            metrics[f"spec_tok_s_alpha0.8_k4_bs{batch}"] / metrics[f"target_only_tok_s_bs{batch}"])
+    metrics["target_only_tok_s"] = metrics["target_only_tok_s_bs1"]
+    for alpha in ALPHAS:
+        for k in KS:
+            metrics[f"spec_tok_s_alpha{alpha:g}_k{k}"] = metrics[f"spec_tok_s_alpha{alpha:g}_k{k}_bs1"]
+    if not args.skip_hf:
+        for batch in BATCHES:
+            metrics[f"hf_static_tok_s_bs{batch}"] = hf_static_tok_s(target_shape, prompt_ids, batch,
+                                                                     args.max_new_tokens, device)
+        metrics["hf_static_tok_s"] = metrics["hf_static_tok_s_bs1"]
+        metrics["spec_over_hf_static_alpha0.8_k4_bs1"] = metrics["spec_tok_s_alpha0.8_k4"] / metrics["hf_static_tok_s"]
+    report = {
+        "name": "gpu_e2e",
+        "command": "python bench/gpu_e2e.py " + " ".join(sys.argv[1:]),
+        "machine": (f"{torch.cuda.get_device_name()}" if device == "cuda" else platform.processor() or "cpu")
+                   + f", torch {torch.__version__}",
+        "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "note": "spec_* figures use SYNTHETIC acceptance (oracle draft at rate alpha; real draft forwards); "
+                "random weights; bs1 = one stream at a time, bs8 = 8 concurrent streams",
+        "metrics": {k: round(v, 4) for k, v in metrics.items()},
+        "details": details,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()

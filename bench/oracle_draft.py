@@ -1,0 +1,104 @@
+"""BENCHMARK ONLY: a draft service whose proposals hit a chosen acceptance rate (synthetic acceptance).
+
+Random-weight models accept nothing, so to time the system at an acceptance rate alpha this
+service runs the real draft model's forward passes for every proposal (full cost), then replaces
+the proposed tokens: position j is the target's known greedy continuation with probability alpha
+and a wrong token otherwise (the rest of that proposal is the model's own). Per-token acceptance
+alpha gives 1 + alpha + ... + alpha^k tokens per step (3.36 at alpha 0.8, k 4). Numbers measured
+through it are synthetic-acceptance results and must be labelled so.
+
+It serves the plain draft as "plain" (the default) and one wrapped draft per alpha as
+"oracle-ALPHA", all sharing the one model and its batching loop.
+Usage: python -m bench.oracle_draft --model M --continuations FILE.json --alphas 0.6 0.8 [service flags]
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+from pathlib import Path
+
+from draft_service.registry import DraftRegistry, model_loader
+from draft_service.server import start_draft_server
+from engine.drafter import DraftSequence, ProposeTiming
+from engine.model_drafter import ModelDrafter
+from specdec.cli_args import add_runtime_args, add_server_args, runtime_config, setup_logging
+from specdec.serving import RunningServer, serve_until_signal
+
+
+class OracleDrafter:
+    """Wraps a model drafter; rewrites its proposals from the target's known continuations."""
+
+    def __init__(self, inner: ModelDrafter, continuations: dict[tuple[int, ...], list[int]], alpha: float) -> None:
+        self.description = inner.description
+        self._inner = inner
+        self._continuations = continuations
+        self._alpha = alpha
+        self._state: dict[int, tuple[int, list[int] | None, random.Random]] = {}
+
+    async def start(self, prompt_ids: list[int], max_new_tokens: int) -> DraftSequence:
+        seq = await self._inner.start(prompt_ids, max_new_tokens)
+        key = tuple(prompt_ids)
+        self._state[id(seq)] = (len(prompt_ids), self._continuations.get(key), random.Random(hash(key)))
+        return seq
+
+    async def propose(self, seq: DraftSequence, num_accepted: int, append_ids: list[int],
+                      num_draft_tokens: int) -> tuple[list[int], ProposeTiming]:
+        draft_ids, timing = await self._inner.propose(seq, num_accepted, append_ids, num_draft_tokens)
+        num_prompt, continuation, rng = self._state[id(seq)]
+        if continuation is None or not draft_ids:
+            return draft_ids, timing
+        done = len(seq.token_ids) - len(draft_ids) - num_prompt  # tokens committed after the prompt
+        vocab = self.description.vocab_size
+        oracle = list(draft_ids)
+        for j in range(len(draft_ids)):
+            if done + j >= len(continuation):
+                break
+            truth = continuation[done + j]
+            if rng.random() < self._alpha:
+                oracle[j] = truth
+            else:
+                oracle[j] = (truth + 1) % vocab  # rejected for sure; later positions cannot count
+                break
+        seq.token_ids[-len(draft_ids):] = oracle
+        return oracle, timing
+
+    def release(self, seq: DraftSequence) -> None:
+        self._state.pop(id(seq), None)
+        self._inner.release(seq)
+
+    def start_background(self) -> None:  # the inner drafter's loop is started as "plain"
+        pass
+
+    async def stop(self) -> None:
+        pass
+
+    def stats(self) -> dict[str, int]:
+        return self._inner.stats()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_server_args(parser, "SPECDEC_ORACLE", default_port=0)
+    add_runtime_args(parser, "SPECDEC_ORACLE", "")
+    parser.add_argument("--continuations", type=Path, required=True,
+                        help='JSON list of {"prompt_ids": [...], "token_ids": [...]} (the target\'s greedy output)')
+    parser.add_argument("--alphas", type=float, nargs="+", default=[0.6, 0.8, 0.9])
+    args = parser.parse_args()
+    setup_logging(args.log_level, args.log_format)
+    config = runtime_config(args)
+    continuations = {tuple(r["prompt_ids"]): r["token_ids"] for r in json.loads(args.continuations.read_text())}
+
+    async def start() -> RunningServer:
+        inner = await model_loader(config, args.max_batch_size)(config.model)
+        drafts = DraftRegistry.of(inner, name="plain")
+        for alpha in args.alphas:
+            drafts.add(f"oracle-{alpha:g}", OracleDrafter(inner, continuations, alpha))
+        return await start_draft_server(drafts, args.host, args.port, args.ready_file)
+
+    asyncio.run(serve_until_signal(start))
+
+
+if __name__ == "__main__":
+    main()
