@@ -21,7 +21,7 @@ step() { echo; echo "=== [compose test +$((SECONDS - T0))s] $*"; }
 PYTHON=${PYTHON:-$ROOT/.venv/bin/python}   # the project's venv (`make setup`): runs the checks
 export SPECDEC_DOCKER_DIR=${SPECDEC_DOCKER_DIR:-/tmp/specdec-docker-ci}
 export COMPOSE_PROJECT_NAME=${COMPOSE_PROJECT_NAME:-specdec-ci}
-export COMPOSE_FILE=$ROOT/compose.yaml
+export COMPOSE_FILE=$ROOT/compose.yaml COMPOSE_ANSI=never
 # the image: the local base, the CPU torch wheel, no triton
 export SPECDEC_BASE_IMAGE=specdec-base:bookworm SPECDEC_TORCH=torch==2.13.0 SPECDEC_PIP_EXTRAS=
 # the deployment: gateway on a loopback port; a KV pool and threads that fit two targets on 2 cores
@@ -73,6 +73,8 @@ docker compose ps
 
 step "Generate through the gateway's published port $GATEWAY: speculative == target only"
 "$PYTHON" deploy/compose_check.py generate --address "$GATEWAY" --http "$GATEWAY_HTTP"
+echo "--- the README's call: the project's client inside the gateway container ---"
+docker compose exec -T gateway specdec-client --max-new-tokens 16 "The capital of France is"
 
 step "docker compose up --wait --scale draft=2 --scale target=2"
 gateway_before=$(docker compose ps -q gateway)
