@@ -6,7 +6,8 @@
 #   2. docker compose up --wait --scale draft=2 --scale target=2 (the gateway keeps running):
 #      concurrent requests land on both replicas of each pool, proven by each replica's own
 #      GetEngineStats counters;
-#   3. docker compose stop: every container exits 0 (SIGTERM handled through init: true), then
+#   3. scaled back to one replica each: requests keep working on the replicas that remain;
+#   4. docker compose stop: every container exits 0 (SIGTERM handled through init: true), then
 #      docker compose down -v leaves no container, network or volume behind.
 # The GPU reservations in compose.yaml stay as they are (docker_engine.sh makes dockerd accept
 # them). Models: the defaults (SmolLM2-135M embedded in the image, the n-gram drafter).
@@ -87,7 +88,12 @@ fi
 step "concurrent requests land on both replicas of each pool (their own GetEngineStats)"
 "$PYTHON" deploy/compose_check.py spread --address "$GATEWAY" --target-replicas 2 --draft-replicas 2
 echo "--- the gateway's log of the last requests (request ids) ---"
-docker compose logs --no-color --no-log-prefix gateway | grep "finished:" | tail -n 4
+docker compose logs --no-color --no-log-prefix gateway | sed 's/\x1b\[[0-9;]*[A-Za-z]//g' | grep "finished:" | tail -n 4
+
+step "docker compose up --wait --scale draft=1 --scale target=1: replicas go, requests keep working"
+docker compose up -d --wait --wait-timeout 600 --scale draft=1 --scale target=1
+docker compose ps
+"$PYTHON" deploy/compose_check.py spread --address "$GATEWAY" --target-replicas 1 --draft-replicas 1
 
 step "Prometheus metrics inside the compose network (gateway 9400, target 9401, draft 9402; not published)"
 for svc_port in gateway:9400 target:9401 draft:9402; do
@@ -112,4 +118,4 @@ left+=$(docker volume ls -q --filter "label=com.docker.compose.project=$COMPOSE_
 [ -z "$left" ] || { echo "FAIL: left behind after down: $left"; exit 1; }
 echo "OK: down removed every container, network and volume of $COMPOSE_PROJECT_NAME"
 step "compose test passed"
-echo "compose: 5 passed, 0 failed"   # equality, OpenAI equality, spread over replicas, metrics, stop/down
+echo "compose: 6 passed, 0 failed"   # equality, OpenAI equality, spread, scale-down, metrics, stop/down
