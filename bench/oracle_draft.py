@@ -27,10 +27,27 @@ from specdec.cli_args import add_runtime_args, add_server_args, runtime_config, 
 from specdec.serving import RunningServer, serve_until_signal
 
 
+class Continuations:
+    """The target's greedy continuation per prompt, re-read whenever the file changes (the benchmark
+    writes the reference of each batch size before timing it: bf16 results depend on batch shapes)."""
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self._mtime_ns = -1
+        self._table: dict[tuple[int, ...], list[int]] = {}
+
+    def get(self, prompt_ids: tuple[int, ...]) -> list[int] | None:
+        mtime_ns = self._path.stat().st_mtime_ns
+        if mtime_ns != self._mtime_ns:
+            self._table = {tuple(r["prompt_ids"]): r["token_ids"] for r in json.loads(self._path.read_text())}
+            self._mtime_ns = mtime_ns
+        return self._table.get(prompt_ids)
+
+
 class OracleDrafter:
     """Wraps a model drafter; rewrites its proposals from the target's known continuations."""
 
-    def __init__(self, inner: ModelDrafter, continuations: dict[tuple[int, ...], list[int]], alpha: float) -> None:
+    def __init__(self, inner: ModelDrafter, continuations: Continuations, alpha: float) -> None:
         self.description = inner.description
         self._inner = inner
         self._continuations = continuations
@@ -88,7 +105,7 @@ def main() -> None:
     args = parser.parse_args()
     setup_logging(args.log_level, args.log_format)
     config = runtime_config(args)
-    continuations = {tuple(r["prompt_ids"]): r["token_ids"] for r in json.loads(args.continuations.read_text())}
+    continuations = Continuations(args.continuations)
 
     async def start() -> RunningServer:
         inner = await model_loader(config, args.max_batch_size)(config.model)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -30,24 +31,28 @@ class LoopConfig:
 
 
 @dataclass
-class _LoopGraph:
-    graph: torch.cuda.CUDAGraph
+class _DeviceLoop:
     first: ForwardBatch  # static inputs of the first forward (the pending tokens)
     base_positions: torch.Tensor  # [b] position of each sequence's last pending token
-    tokens: torch.Tensor  # [b, k] static output: the greedy proposals
+    run: Callable[[], torch.Tensor]  # the k forwards; returns [b, k] proposals
+    graph: torch.cuda.CUDAGraph | None = None  # `run` captured (CUDA)
+    tokens: torch.Tensor | None = None  # the graph's static output
 
 
 class DraftLoop:
-    def __init__(self, runner: ModelRunner, config: LoopConfig = LoopConfig()) -> None:
+    def __init__(self, runner: ModelRunner, config: LoopConfig = LoopConfig(), device_loop: bool | None = None) -> None:
+        """`device_loop`: feed proposals back on the device (default: when the runner uses CUDA graphs,
+        and then captured); True without graphs runs the same loop uncaptured (tests it on CPU)."""
         self._runner = runner
         self._config = config
-        self._graphs: dict[tuple[int, int, int], _LoopGraph] = {}
+        self._loops: dict[tuple[int, int, int], _DeviceLoop] = {}
+        self._device_loop = runner.graphs is not None if device_loop is None else device_loop
+        self._max_blocks = -(-(runner.max_model_len + config.max_steps + 2) // runner.kv.block_size)
         self.num_forwards = 0
         self.num_sequence_steps = 0
         self.num_graph_replays = 0
-        if runner.graphs is not None:  # CUDA with graphs enabled
+        if runner.graphs is not None and self._device_loop:  # CUDA with graphs enabled
             self._pool = torch.cuda.graph_pool_handle()
-            self._max_blocks = -(-(runner.max_model_len + config.max_steps + 2) // runner.kv.block_size)
             self._capture_all()
 
     def propose(self, steps: list[StepInput], num_tokens: list[int]) -> list[list[int]]:
@@ -56,7 +61,7 @@ class DraftLoop:
         Every proposed token but the last is fed back (its K/V written); the caller reserved nothing.
         """
         k = max(num_tokens)
-        if self._graphs and len(steps) <= self._config.batch_buckets[-1] and k <= self._config.max_steps:
+        if self._device_loop and len(steps) <= self._config.batch_buckets[-1] and k <= self._config.max_steps:
             proposals = self._propose_graphed(steps, k)
         else:
             proposals = self._propose_stepwise(steps, num_tokens)
@@ -91,17 +96,24 @@ class DraftLoop:
             s.kv.reserve(len(s.token_ids) + k - 1)
         b = _bucket(self._config.batch_buckets, len(steps))
         q = _bucket(self._config.first_query_buckets, max(len(s.token_ids) for s in steps))
-        graph = self._graphs[(b, k, q)]
+        shape = (b, k, q)
+        if shape not in self._loops:  # only without graphs: captured loops all exist from the start
+            self._loops[shape] = self._build(*shape)
+        graph = self._loops[shape]
         fill_static_batch(graph.first, steps, q, self._runner.kv)
         rows = [i * q + len(s.token_ids) - 1 for i, s in enumerate(steps)] + [i * q + q - 1 for i in range(len(steps), b)]
         base = [s.kv.num_tokens + len(s.token_ids) - 1 for s in steps] + [q - 1] * (b - len(steps))
         graph.first.logits_indices.copy_(torch.tensor(rows), non_blocking=True)
         graph.base_positions.copy_(torch.tensor(base), non_blocking=True)
-        graph.graph.replay()
-        proposals = graph.tokens[: len(steps)].tolist()  # the one host sync
+        if graph.graph is not None:
+            graph.graph.replay()
+            tokens = graph.tokens
+            self.num_graph_replays += 1
+        else:
+            tokens = graph.run()
+        proposals = tokens[: len(steps)].tolist()  # the one host sync
         for s in steps:
             s.kv.commit(len(s.token_ids) + k - 1)
-        self.num_graph_replays += 1
         self.num_forwards += k
         self.num_sequence_steps += k * len(steps)
         return proposals
@@ -111,9 +123,11 @@ class DraftLoop:
         shapes = [(b, k, q) for b in sorted(c.batch_buckets, reverse=True) for k in range(c.max_steps, 0, -1)
                   for q in sorted(c.first_query_buckets, reverse=True)]
         for shape in tqdm(shapes, desc="capturing draft-loop CUDA graphs", unit="graph"):
-            self._graphs[shape] = self._capture(*shape)
+            loop = self._build(*shape)
+            loop.graph, loop.tokens = capture(loop.run, self._pool)
+            self._loops[shape] = loop
 
-    def _capture(self, b: int, k: int, q: int) -> _LoopGraph:
+    def _build(self, b: int, k: int, q: int) -> _DeviceLoop:
         runner, device = self._runner, self._runner.device
         model, kv, attention, bs = runner.model, runner.kv, runner.attention, runner.kv.block_size
         first = static_batch(b, q, self._max_blocks, bs, device)
@@ -145,8 +159,7 @@ class DraftLoop:
                 proposals.append(token)
             return torch.stack(proposals, dim=1)
 
-        graph, tokens = capture(loop, self._pool)
-        return _LoopGraph(graph, first, base, tokens)
+        return _DeviceLoop(first, base, loop)
 
 
 def _bucket(buckets: tuple[int, ...], n: int) -> int:

@@ -148,12 +148,13 @@ class TargetEngine:
             return results
         start = time.perf_counter_ns()
         logits = self.runner.forward(list(steps.values()))
+        committed = {i: _commit(jobs[i], step_logits)  # a finished prefill or a verify; reading waits for the GPU
+                     for (i, step), step_logits in zip(steps.items(), logits) if step.num_logits}
         timing = StepTiming(time.perf_counter_ns() - start, len(steps))
         self.num_forwards += 1
         self.num_sequence_steps += len(steps)
-        for (i, step), step_logits in zip(steps.items(), logits):
-            if step.num_logits:  # a finished prefill or a verify
-                results[i] = _Outcome(_commit(jobs[i], step_logits), timing)
+        for i, verification in committed.items():
+            results[i] = _Outcome(verification, timing)
         return results
 
 

@@ -7,6 +7,7 @@ import torch
 
 from engine.batch import StepInput
 from engine.draft_loop import DraftLoop
+from test_draft_loop import check_device_loop_matches_stepwise
 from engine.model_runner import ModelRunner, RuntimeConfig
 
 pytestmark = pytest.mark.gpu
@@ -42,29 +43,12 @@ def test_graph_replays_match_eager_forwards_and_never_recapture(model_dirs):
     assert graphed.num_eager_steps == 1  # only the long prefill
 
 
-def test_graphed_draft_loop_proposes_what_the_stepwise_loop_proposes(model_dirs):
-    graphed, eager = _runner(model_dirs["perturbed"], True), _runner(model_dirs["perturbed"], False)
-    loops = {graphed: DraftLoop(graphed), eager: DraftLoop(eager)}
-    assert loops[eager].num_graph_replays == 0
-    prompts = [list(range(5, 5 + n)) for n in (12, 30, 7, 17, 3)]
-    seqs = {r: [r.kv.new_sequence() for _ in prompts] for r in loops}
-    for r in loops:
-        r.forward([StepInput(kv, p, 0) for kv, p in zip(seqs[r], prompts)])
-    starts = [len(p) for p in prompts]
+@pytest.mark.parametrize("captured", [False, True])
+def test_device_draft_loop_proposes_what_the_stepwise_loop_proposes(model_dirs, captured):
+    device_loop = DraftLoop(_runner(model_dirs["perturbed"], captured), device_loop=True)
+    stepwise = DraftLoop(_runner(model_dirs["perturbed"], False), device_loop=False)
     compiled_graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
-    torch.manual_seed(1)
-    for step in range(8):  # mixed pending lengths (1, 2, and a 4-token catch-up) and mixed k in a batch
-        batch = sorted(torch.randperm(len(prompts))[: 1 + step % len(prompts)].tolist())
-        pending = [torch.randint(0, 300, (int(torch.randint(1, 3, ())) if step != 5 else 4,)).tolist() for _ in batch]
-        num_tokens = torch.randint(1, 8, (len(batch),)).tolist()
-        out = {r: loops[r].propose([StepInput(seqs[r][i], p, 1) for i, p in zip(batch, pending)], num_tokens)
-               for r in loops}
-        assert out[graphed] == out[eager]
-        assert [len(p) for p in out[graphed]] == num_tokens
-        for i, p, n in zip(batch, pending, num_tokens):  # keep a few proposals, as a verify does
-            kept = starts[i] + len(p) + int(torch.randint(0, n, ()))
-            for r in loops:  # the graphed loop fed every sequence up to the batch's longest proposal
-                seqs[r][i].truncate(kept)
-            starts[i] = kept
-    assert loops[graphed].num_graph_replays == 8
-    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == compiled_graphs
+    check_device_loop_matches_stepwise(device_loop, stepwise)
+    assert device_loop.num_graph_replays == (8 if captured else 0)
+    if captured:
+        assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == compiled_graphs

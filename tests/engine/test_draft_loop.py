@@ -1,0 +1,43 @@
+"""The draft's proposal loop with on-device feedback proposes exactly what the step-by-step loop
+proposes, for mixed pending lengths and mixed k in one batch (run uncaptured here; the GPU test
+in test_cuda_graphs_gpu.py runs the captured graphs the same way)."""
+from __future__ import annotations
+
+import torch
+
+from engine.batch import StepInput
+from engine.draft_loop import DraftLoop
+from engine.model_runner import ModelRunner, RuntimeConfig
+
+
+def check_device_loop_matches_stepwise(device_loop: DraftLoop, stepwise: DraftLoop, num_rounds: int = 8,
+                                       seed: int = 1) -> None:
+    runners = {device_loop: device_loop._runner, stepwise: stepwise._runner}
+    prompts = [list(range(5, 5 + n)) for n in (12, 30, 7, 17, 3)]
+    seqs = {loop: [r.kv.new_sequence() for _ in prompts] for loop, r in runners.items()}
+    for loop, r in runners.items():
+        r.forward([StepInput(kv, p, 0) for kv, p in zip(seqs[loop], prompts)])
+    starts = [len(p) for p in prompts]
+    gen = torch.Generator().manual_seed(seed)
+    rand = lambda lo, hi: int(torch.randint(lo, hi, (), generator=gen))  # noqa: E731
+    for round_ in range(num_rounds):  # pending 1 or 2 tokens, a 4-token catch-up in round 5, k in 1..7
+        batch = sorted(torch.randperm(len(prompts), generator=gen)[: 1 + round_ % len(prompts)].tolist())
+        pending = [[rand(0, 300) for _ in range(4 if round_ == 5 else rand(1, 3))] for _ in batch]
+        num_tokens = [rand(1, 8) for _ in batch]
+        out = {loop: loop.propose([StepInput(seqs[loop][i], p, 1) for i, p in zip(batch, pending)], num_tokens)
+               for loop in runners}
+        assert out[device_loop] == out[stepwise], f"round {round_}"
+        assert [len(p) for p in out[device_loop]] == num_tokens
+        for i, p, n in zip(batch, pending, num_tokens):  # keep some proposals, as a verify does
+            kept = starts[i] + len(p) + rand(0, n)
+            for loop in runners:  # the device loop fed every sequence up to the batch's longest proposal
+                seqs[loop][i].truncate(kept)
+            starts[i] = kept
+    for kv in (kv for loop_seqs in seqs.values() for kv in loop_seqs):
+        kv.release()
+
+
+def test_device_loop_proposes_what_the_stepwise_loop_proposes(model_dirs):
+    runner = lambda: ModelRunner(RuntimeConfig(model=str(model_dirs["perturbed"]), kv_cache_tokens=4096))  # noqa: E731
+    device_loop, stepwise = DraftLoop(runner(), device_loop=True), DraftLoop(runner(), device_loop=False)
+    check_device_loop_matches_stepwise(device_loop, stepwise)
