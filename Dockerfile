@@ -30,7 +30,7 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
 
 # The services run as an unprivileged user who owns the caches; a named volume mounted on
 # /cache/huggingface starts out owned by them.
-RUN useradd --create-home --uid 1000 specdec \
+RUN useradd --create-home specdec \
     && mkdir -p /cache/huggingface "$SPECDEC_CACHE_DIR" \
     && chown specdec:specdec /cache /cache/huggingface "$SPECDEC_CACHE_DIR"
 
