@@ -64,14 +64,16 @@ class DraftRequest(_message.Message):
     def __init__(self, start: _Optional[_Union[StartCommand, _Mapping]] = ..., propose: _Optional[_Union[ProposeCommand, _Mapping]] = ...) -> None: ...
 
 class StartCommand(_message.Message):
-    __slots__ = ("prompt_ids", "max_new_tokens", "draft_model")
+    __slots__ = ("prompt_ids", "max_new_tokens", "draft_model", "sampling")
     PROMPT_IDS_FIELD_NUMBER: _ClassVar[int]
     MAX_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
     DRAFT_MODEL_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_FIELD_NUMBER: _ClassVar[int]
     prompt_ids: _containers.RepeatedScalarFieldContainer[int]
     max_new_tokens: int
     draft_model: str
-    def __init__(self, prompt_ids: _Optional[_Iterable[int]] = ..., max_new_tokens: _Optional[int] = ..., draft_model: _Optional[str] = ...) -> None: ...
+    sampling: _common_pb2.SamplingParams
+    def __init__(self, prompt_ids: _Optional[_Iterable[int]] = ..., max_new_tokens: _Optional[int] = ..., draft_model: _Optional[str] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ...) -> None: ...
 
 class ProposeCommand(_message.Message):
     __slots__ = ("num_accepted_draft_tokens", "append_ids", "num_draft_tokens")
@@ -98,7 +100,9 @@ class StartResult(_message.Message):
     def __init__(self) -> None: ...
 
 class ProposeResult(_message.Message):
-    __slots__ = ("draft_ids",)
+    __slots__ = ("draft_ids", "draft_probs")
     DRAFT_IDS_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_PROBS_FIELD_NUMBER: _ClassVar[int]
     draft_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, draft_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    draft_probs: _containers.RepeatedCompositeFieldContainer[_common_pb2.TokenDistribution]
+    def __init__(self, draft_ids: _Optional[_Iterable[int]] = ..., draft_probs: _Optional[_Iterable[_Union[_common_pb2.TokenDistribution, _Mapping]]] = ...) -> None: ...

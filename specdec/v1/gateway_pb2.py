@@ -24,25 +24,25 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18specdec/v1/gateway.proto\x12\nspecdec.v1\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"9\n\x0c\x43hatMessages\x12)\n\x08messages\x18\x01 \x03(\x0b\x32\x17.specdec.v1.ChatMessage\"\x87\x02\n\x0fGenerateRequest\x12\x10\n\x06prompt\x18\x01 \x01(\tH\x00\x12(\n\x04\x63hat\x18\x02 \x01(\x0b\x32\x18.specdec.v1.ChatMessagesH\x00\x12\x1b\n\x0emax_new_tokens\x18\x03 \x01(\x05H\x01\x88\x01\x01\x12\x0c\n\x04stop\x18\x04 \x03(\t\x12\x1d\n\x10num_draft_tokens\x18\x05 \x01(\x05H\x02\x88\x01\x01\x12\x13\n\x0btemperature\x18\x06 \x01(\x02\x12\x18\n\x0b\x64raft_model\x18\x07 \x01(\tH\x03\x88\x01\x01\x42\x07\n\x05inputB\x11\n\x0f_max_new_tokensB\x13\n\x11_num_draft_tokensB\x0e\n\x0c_draft_model\"\x92\x03\n\x0fGenerationStats\x12\x19\n\x11num_prompt_tokens\x18\x01 \x01(\x05\x12\x1d\n\x15num_completion_tokens\x18\x02 \x01(\x05\x12\x18\n\x10num_draft_tokens\x18\x03 \x01(\x05\x12\x1b\n\x13num_accepted_tokens\x18\x04 \x01(\x05\x12\x17\n\x0f\x61\x63\x63\x65ptance_rate\x18\x05 \x01(\x02\x12\x18\n\x10num_verify_steps\x18\x06 \x01(\x05\x12\x19\n\x11mean_accepted_len\x18\x07 \x01(\x02\x12\x1d\n\x15time_to_first_token_s\x18\x08 \x01(\x02\x12\x14\n\x0ctokens_per_s\x18\t \x01(\x02\x12\x17\n\x0f\x64raft_forward_s\x18\n \x01(\x02\x12\x18\n\x10target_forward_s\x18\x0b \x01(\x02\x12\x1f\n\x17time_per_output_token_s\x18\x0c \x01(\x02\x12#\n\x1bnum_accepted_tokens_per_pos\x18\r \x03(\x05\x12\x12\n\nrequest_id\x18\x0e \x01(\t\"\x90\x01\n\x10GenerateResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x0c\n\x04text\x18\x02 \x01(\t\x12/\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x18.specdec.v1.FinishReason\x12*\n\x05stats\x18\x04 \x01(\x0b\x32\x1b.specdec.v1.GenerationStats*v\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x01\x12\x15\n\x11\x46INISH_REASON_EOS\x10\x02\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x03\x32R\n\x07Gateway\x12G\n\x08Generate\x12\x1b.specdec.v1.GenerateRequest\x1a\x1c.specdec.v1.GenerateResponse0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18specdec/v1/gateway.proto\x12\nspecdec.v1\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"9\n\x0c\x43hatMessages\x12)\n\x08messages\x18\x01 \x03(\x0b\x32\x17.specdec.v1.ChatMessage\"\xfd\x02\n\x0fGenerateRequest\x12\x10\n\x06prompt\x18\x01 \x01(\tH\x00\x12(\n\x04\x63hat\x18\x02 \x01(\x0b\x32\x18.specdec.v1.ChatMessagesH\x00\x12\x1b\n\x0emax_new_tokens\x18\x03 \x01(\x05H\x01\x88\x01\x01\x12\x0c\n\x04stop\x18\x04 \x03(\t\x12\x1d\n\x10num_draft_tokens\x18\x05 \x01(\x05H\x02\x88\x01\x01\x12\x13\n\x0btemperature\x18\x06 \x01(\x02\x12\x18\n\x0b\x64raft_model\x18\x07 \x01(\tH\x03\x88\x01\x01\x12\x12\n\x05top_p\x18\x08 \x01(\x02H\x04\x88\x01\x01\x12\x12\n\x05top_k\x18\t \x01(\x05H\x05\x88\x01\x01\x12\x12\n\x05min_p\x18\n \x01(\x02H\x06\x88\x01\x01\x12\x11\n\x04seed\x18\x0b \x01(\x04H\x07\x88\x01\x01\x42\x07\n\x05inputB\x11\n\x0f_max_new_tokensB\x13\n\x11_num_draft_tokensB\x0e\n\x0c_draft_modelB\x08\n\x06_top_pB\x08\n\x06_top_kB\x08\n\x06_min_pB\x07\n\x05_seed\"\x92\x03\n\x0fGenerationStats\x12\x19\n\x11num_prompt_tokens\x18\x01 \x01(\x05\x12\x1d\n\x15num_completion_tokens\x18\x02 \x01(\x05\x12\x18\n\x10num_draft_tokens\x18\x03 \x01(\x05\x12\x1b\n\x13num_accepted_tokens\x18\x04 \x01(\x05\x12\x17\n\x0f\x61\x63\x63\x65ptance_rate\x18\x05 \x01(\x02\x12\x18\n\x10num_verify_steps\x18\x06 \x01(\x05\x12\x19\n\x11mean_accepted_len\x18\x07 \x01(\x02\x12\x1d\n\x15time_to_first_token_s\x18\x08 \x01(\x02\x12\x14\n\x0ctokens_per_s\x18\t \x01(\x02\x12\x17\n\x0f\x64raft_forward_s\x18\n \x01(\x02\x12\x18\n\x10target_forward_s\x18\x0b \x01(\x02\x12\x1f\n\x17time_per_output_token_s\x18\x0c \x01(\x02\x12#\n\x1bnum_accepted_tokens_per_pos\x18\r \x03(\x05\x12\x12\n\nrequest_id\x18\x0e \x01(\t\"\x90\x01\n\x10GenerateResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x0c\n\x04text\x18\x02 \x01(\t\x12/\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x18.specdec.v1.FinishReason\x12*\n\x05stats\x18\x04 \x01(\x0b\x32\x1b.specdec.v1.GenerationStats*v\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x01\x12\x15\n\x11\x46INISH_REASON_EOS\x10\x02\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x03\x32R\n\x07Gateway\x12G\n\x08Generate\x12\x1b.specdec.v1.GenerateRequest\x1a\x1c.specdec.v1.GenerateResponse0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'specdec.v1.gateway_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_FINISHREASON']._serialized_start=963
-  _globals['_FINISHREASON']._serialized_end=1081
+  _globals['_FINISHREASON']._serialized_start=1081
+  _globals['_FINISHREASON']._serialized_end=1199
   _globals['_CHATMESSAGE']._serialized_start=40
   _globals['_CHATMESSAGE']._serialized_end=84
   _globals['_CHATMESSAGES']._serialized_start=86
   _globals['_CHATMESSAGES']._serialized_end=143
   _globals['_GENERATEREQUEST']._serialized_start=146
-  _globals['_GENERATEREQUEST']._serialized_end=409
-  _globals['_GENERATIONSTATS']._serialized_start=412
-  _globals['_GENERATIONSTATS']._serialized_end=814
-  _globals['_GENERATERESPONSE']._serialized_start=817
-  _globals['_GENERATERESPONSE']._serialized_end=961
-  _globals['_GATEWAY']._serialized_start=1083
-  _globals['_GATEWAY']._serialized_end=1165
+  _globals['_GENERATEREQUEST']._serialized_end=527
+  _globals['_GENERATIONSTATS']._serialized_start=530
+  _globals['_GENERATIONSTATS']._serialized_end=932
+  _globals['_GENERATERESPONSE']._serialized_start=935
+  _globals['_GENERATERESPONSE']._serialized_end=1079
+  _globals['_GATEWAY']._serialized_start=1201
+  _globals['_GATEWAY']._serialized_end=1283
 # @@protoc_insertion_point(module_scope)

@@ -33,7 +33,7 @@ class ChatMessages(_message.Message):
     def __init__(self, messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("prompt", "chat", "max_new_tokens", "stop", "num_draft_tokens", "temperature", "draft_model")
+    __slots__ = ("prompt", "chat", "max_new_tokens", "stop", "num_draft_tokens", "temperature", "draft_model", "top_p", "top_k", "min_p", "seed")
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     CHAT_FIELD_NUMBER: _ClassVar[int]
     MAX_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -41,6 +41,10 @@ class GenerateRequest(_message.Message):
     NUM_DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
     DRAFT_MODEL_FIELD_NUMBER: _ClassVar[int]
+    TOP_P_FIELD_NUMBER: _ClassVar[int]
+    TOP_K_FIELD_NUMBER: _ClassVar[int]
+    MIN_P_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
     prompt: str
     chat: ChatMessages
     max_new_tokens: int
@@ -48,7 +52,11 @@ class GenerateRequest(_message.Message):
     num_draft_tokens: int
     temperature: float
     draft_model: str
-    def __init__(self, prompt: _Optional[str] = ..., chat: _Optional[_Union[ChatMessages, _Mapping]] = ..., max_new_tokens: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., num_draft_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., draft_model: _Optional[str] = ...) -> None: ...
+    top_p: float
+    top_k: int
+    min_p: float
+    seed: int
+    def __init__(self, prompt: _Optional[str] = ..., chat: _Optional[_Union[ChatMessages, _Mapping]] = ..., max_new_tokens: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., num_draft_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., draft_model: _Optional[str] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., min_p: _Optional[float] = ..., seed: _Optional[int] = ...) -> None: ...
 
 class GenerationStats(_message.Message):
     __slots__ = ("num_prompt_tokens", "num_completion_tokens", "num_draft_tokens", "num_accepted_tokens", "acceptance_rate", "num_verify_steps", "mean_accepted_len", "time_to_first_token_s", "tokens_per_s", "draft_forward_s", "target_forward_s", "time_per_output_token_s", "num_accepted_tokens_per_pos", "request_id")

@@ -16,18 +16,22 @@ class TargetRequest(_message.Message):
     def __init__(self, prefill: _Optional[_Union[PrefillCommand, _Mapping]] = ..., verify: _Optional[_Union[VerifyCommand, _Mapping]] = ...) -> None: ...
 
 class PrefillCommand(_message.Message):
-    __slots__ = ("prompt_ids", "max_new_tokens")
+    __slots__ = ("prompt_ids", "max_new_tokens", "sampling")
     PROMPT_IDS_FIELD_NUMBER: _ClassVar[int]
     MAX_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_FIELD_NUMBER: _ClassVar[int]
     prompt_ids: _containers.RepeatedScalarFieldContainer[int]
     max_new_tokens: int
-    def __init__(self, prompt_ids: _Optional[_Iterable[int]] = ..., max_new_tokens: _Optional[int] = ...) -> None: ...
+    sampling: _common_pb2.SamplingParams
+    def __init__(self, prompt_ids: _Optional[_Iterable[int]] = ..., max_new_tokens: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ...) -> None: ...
 
 class VerifyCommand(_message.Message):
-    __slots__ = ("draft_ids",)
+    __slots__ = ("draft_ids", "draft_probs")
     DRAFT_IDS_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_PROBS_FIELD_NUMBER: _ClassVar[int]
     draft_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, draft_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    draft_probs: _containers.RepeatedCompositeFieldContainer[_common_pb2.TokenDistribution]
+    def __init__(self, draft_ids: _Optional[_Iterable[int]] = ..., draft_probs: _Optional[_Iterable[_Union[_common_pb2.TokenDistribution, _Mapping]]] = ...) -> None: ...
 
 class TargetResponse(_message.Message):
     __slots__ = ("prefill", "verify", "forward_ns", "batch_size")
