@@ -1,6 +1,7 @@
 """The gateway's view of the model services: channels, per-request streams, and start-up checks."""
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import dataclass
 
@@ -10,7 +11,7 @@ from transformers import PreTrainedTokenizerBase
 from engine.tokenizer_info import tokenizer_from_files
 from specdec.errors import IncompatibleModelsError, ServiceUnavailableError
 from specdec.request_id import request_id_metadata
-from specdec.serving import CHANNEL_OPTIONS
+from specdec.serving import open_channel
 from specdec.v1 import common_pb2, draft_pb2, draft_pb2_grpc, target_pb2, target_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -22,21 +23,62 @@ class Verified:
     committed_ids: list[int]
 
 
+class StreamLost(ServiceUnavailableError):
+    """A model stream broke (replica gone, connection lost, no answer in time): the request goes
+    on without it - without the draft, or on another target replica after a re-prefill."""
+
+
+class DraftLost(StreamLost):
+    pass
+
+
+class TargetLost(StreamLost):
+    pass
+
+
+# A target error with one of these codes means the replica or the connection is gone, not that
+# the request is wrong: the request moves to another replica. Any other status passes through.
+TARGET_LOST_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.ABORTED,
+                               grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL})
+# The draft is optional, so only errors caused by the request itself pass through; anything else
+# (gone, overloaded, too slow, broken) ends drafting for the request.
+DRAFT_REQUEST_ERRORS = frozenset({grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND,
+                                  grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.FAILED_PRECONDITION,
+                                  grpc.StatusCode.OUT_OF_RANGE})
+
+
 class _BidiStream:
     """One request's bidi stream to a model service: write a command, read its answer."""
 
-    def __init__(self, call: grpc.aio.StreamStreamCall, service: str) -> None:
+    def __init__(self, call: grpc.aio.StreamStreamCall, service: str, step_timeout_s: float | None = None) -> None:
         self._call = call
         self._service = service
+        self._step_timeout_s = step_timeout_s  # None: wait as long as the call's deadline allows
         self.forward_ns = 0  # the service's forward time over this stream's answers
 
     async def ask(self, request):
-        await self._call.write(request)
-        response = await self._call.read()
+        try:
+            response = await asyncio.wait_for(self._exchange(request), self._step_timeout_s)
+        except grpc.aio.AioRpcError as e:
+            if not self._is_lost(e.code()):
+                raise
+            raise self._lost(f"{e.code().name}: {e.details()}") from e
+        except TimeoutError as e:
+            raise self._lost(f"no answer within {self._step_timeout_s} s") from e
         if response is grpc.aio.EOF:
-            raise ServiceUnavailableError(f"the {self._service} service closed the stream unexpectedly")
+            raise self._lost("the service closed the stream unexpectedly")
         self.forward_ns += response.forward_ns
         return response
+
+    async def _exchange(self, request):
+        await self._call.write(request)
+        return await self._call.read()
+
+    def _is_lost(self, code: grpc.StatusCode) -> bool:
+        raise NotImplementedError
+
+    def _lost(self, why: str) -> StreamLost:
+        raise NotImplementedError
 
     async def close(self) -> None:
         """Ends the stream; the service frees the sequence's state."""
@@ -53,10 +95,17 @@ class TargetStream(_BidiStream):
         response = await self.ask(target_pb2.TargetRequest(verify=target_pb2.VerifyCommand(draft_ids=draft_ids)))
         return Verified(response.verify.num_accepted_draft_tokens, list(response.verify.committed_ids))
 
+    def _is_lost(self, code: grpc.StatusCode) -> bool:
+        return code in TARGET_LOST_CODES
+
+    def _lost(self, why: str) -> StreamLost:
+        return TargetLost(f"lost the target replica: {why}")
+
 
 class DraftStream(_BidiStream):
-    def __init__(self, call: grpc.aio.StreamStreamCall, draft_model: str = "") -> None:
-        super().__init__(call, "draft")
+    def __init__(self, call: grpc.aio.StreamStreamCall, draft_model: str = "",
+                 step_timeout_s: float | None = None) -> None:
+        super().__init__(call, "draft", step_timeout_s)
         self._draft_model = draft_model
 
     async def start(self, prompt_ids: list[int], max_new_tokens: int) -> None:
@@ -71,15 +120,61 @@ class DraftStream(_BidiStream):
         response = await self.ask(draft_pb2.DraftRequest(propose=command))
         return list(response.proposal.draft_ids)
 
+    def _is_lost(self, code: grpc.StatusCode) -> bool:
+        return code not in DRAFT_REQUEST_ERRORS
+
+    def _lost(self, why: str) -> StreamLost:
+        return DraftLost(f"lost the draft: {why}")
+
+
+class RequestStreams:
+    """Opens one request's streams (a new one after a loss) and closes them all at its end.
+
+    Each stream carries the request id and the request's deadline, so the model services see the
+    client's deadline too.
+    """
+
+    def __init__(self, backends: Backends, draft_model: str, use_draft: bool, timeout_s: float | None) -> None:
+        self._backends = backends
+        self._draft_model = draft_model
+        self.use_draft = use_draft and backends.has_draft
+        self._timeout_s = timeout_s
+        self._opened: list[_BidiStream] = []
+
+    def open_target(self) -> TargetStream:
+        return self._remember(self._backends.open_target(self._timeout_s))
+
+    def open_draft(self) -> DraftStream | None:
+        """A new draft stream, or None when the request does not speculate."""
+        if not self.use_draft:
+            return None
+        return self._remember(self._backends.open_draft(self._draft_model, self._timeout_s))
+
+    def forward_ns(self, kind: type[_BidiStream]) -> int:
+        return sum(s.forward_ns for s in self._opened if isinstance(s, kind))
+
+    async def close(self) -> None:
+        """Ends every stream of the request; the services free its sequences."""
+        for stream in self._opened:
+            await stream.close()
+
+    def _remember(self, stream):
+        self._opened.append(stream)
+        return stream
+
 
 class Backends:
     """Channels to the target pool and (optionally) the draft pool, load-balanced by gRPC."""
 
-    def __init__(self, target_address: str, draft_address: str | None) -> None:
-        self._target_channel = grpc.aio.insecure_channel(target_address, options=CHANNEL_OPTIONS)
+    def __init__(self, target_address: str, draft_address: str | None, draft_step_timeout_s: float | None = None,
+                 credentials: grpc.ChannelCredentials | None = None) -> None:
+        """`draft_step_timeout_s`: a draft that takes longer to answer is dropped from the request;
+        `credentials`: TLS (or mTLS) to both services; None: plaintext."""
+        self._target_channel = open_channel(target_address, credentials)
         self._target = target_pb2_grpc.TargetServiceStub(self._target_channel)
-        self._draft_channel = grpc.aio.insecure_channel(draft_address, options=CHANNEL_OPTIONS) if draft_address else None
+        self._draft_channel = open_channel(draft_address, credentials) if draft_address else None
         self._draft = draft_pb2_grpc.DraftServiceStub(self._draft_channel) if self._draft_channel else None
+        self._draft_step_timeout_s = draft_step_timeout_s
         self.target_info: common_pb2.ModelInfo | None = None
         self.draft_info: common_pb2.ModelInfo | None = None
 
@@ -102,14 +197,17 @@ class Backends:
             check_compatible(self.target_info, self.draft_info)
         return tokenizer_from_files(dict(files.files))
 
-    def open_target(self) -> TargetStream:
-        """A stream for the current request (its request id travels in the metadata)."""
-        return TargetStream(self._target.Sequence(metadata=request_id_metadata()), "target")
+    def open_target(self, timeout_s: float | None = None) -> TargetStream:
+        """A stream for the current request (its request id travels in the metadata); gRPC's
+        round-robin puts it on a ready replica."""
+        call = self._target.Sequence(metadata=request_id_metadata(), timeout=timeout_s)
+        return TargetStream(call, "target")
 
-    def open_draft(self, draft_model: str = "") -> DraftStream:
+    def open_draft(self, draft_model: str = "", timeout_s: float | None = None) -> DraftStream:
         """A stream to the named draft ("" for the draft service's default), as open_target."""
         assert self._draft is not None
-        return DraftStream(self._draft.Sequence(metadata=request_id_metadata()), draft_model)
+        call = self._draft.Sequence(metadata=request_id_metadata(), timeout=timeout_s)
+        return DraftStream(call, draft_model, self._draft_step_timeout_s)
 
     async def close(self) -> None:
         await self._target_channel.close()

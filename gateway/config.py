@@ -15,9 +15,15 @@ class GatewayConfig:
     max_stop_string_chars: int = 256
     connect_timeout_s: float = 600.0  # model services may still be loading weights
     served_model_name: str | None = None  # the OpenAI API's model name; None: the target's model id
+    # Faults: a draft that does not answer a step within this time is dropped from the request
+    # (it decodes on target-only); a request re-prefills on another target replica at most this often.
+    draft_step_timeout_s: float = 10.0
+    max_target_retries: int = 2
 
     def __post_init__(self) -> None:
         if not 0 <= self.default_num_draft_tokens <= self.max_num_draft_tokens:
             raise ValueError("default_num_draft_tokens must be in [0, max_num_draft_tokens]")
         if self.default_max_new_tokens < 1:
             raise ValueError("default_max_new_tokens must be >= 1")
+        if self.draft_step_timeout_s <= 0 or self.max_target_retries < 0:
+            raise ValueError("draft_step_timeout_s must be > 0 and max_target_retries >= 0")

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import grpc
 from transformers import PreTrainedTokenizerBase
 
-from gateway.backends import Backends
+from gateway.backends import Backends, DraftStream, RequestStreams, TargetStream
 from gateway.config import GatewayConfig
 from gateway.metrics import (
     OUTCOME_CANCELLED,
@@ -62,21 +62,20 @@ class Driver:
             self.metrics.requests.labels(api, OUTCOME_INVALID).inc()
             raise
 
-    async def generate(self, params: GenerationParams, api: str) -> AsyncIterator[Delta]:
+    async def generate(self, params: GenerationParams, api: str, timeout_s: float | None = None) -> AsyncIterator[Delta]:
         """Streams the completion; iterate it inside `contextlib.aclosing` so an early stop frees
-        the model streams at once."""
+        the model streams at once. `timeout_s`: the client's remaining deadline, passed on to the
+        model streams."""
         stats = RequestStats(num_prompt_tokens=len(params.prompt_ids), request_id=current_request_id())
         output = CompletionOutput(self.tokenizer, params.prompt_ids, params.max_new_tokens, params.stop,
                                   self._eos_token_ids)
-        target = self._backends.open_target()
-        use_draft = params.num_draft_tokens > 0 and self._backends.has_draft
-        draft = self._backends.open_draft(params.draft_model) if use_draft else None
+        streams = RequestStreams(self._backends, params.draft_model, params.num_draft_tokens > 0, timeout_s)
         outcome = OUTCOME_ERROR
         gauge = self.metrics.waiting
         gauge.inc()
         try:
             steps = speculative_generate(params.prompt_ids, params.max_new_tokens, params.num_draft_tokens,
-                                         target, draft)
+                                         streams, self._config.max_target_retries)
             async with aclosing(steps):
                 async for step in steps:
                     if stats.first_token_s is None:
@@ -101,12 +100,10 @@ class Driver:
             raise
         finally:  # ending the streams frees the sequences on both model services
             gauge.dec()
-            await target.close()
-            if draft is not None:
-                await draft.close()
+            await streams.close()
             self.metrics.requests.labels(api, outcome).inc()
-        stats.target_forward_ns = target.forward_ns
-        stats.draft_forward_ns = draft.forward_ns if draft is not None else 0
+        stats.target_forward_ns = streams.forward_ns(TargetStream)
+        stats.draft_forward_ns = streams.forward_ns(DraftStream)
         self._record(stats, output.num_tokens)
         yield Delta([], "", output.finish, stats, output.num_tokens)
 

@@ -26,7 +26,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         self, request: gateway_pb2.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[gateway_pb2.GenerateResponse]:
         params = self._driver.prepare(request, API)
-        async with aclosing(self._driver.generate(params, API)) as deltas:
+        async with aclosing(self._driver.generate(params, API, context.time_remaining())) as deltas:
             async for delta in deltas:
                 if delta.stats is None:
                     yield gateway_pb2.GenerateResponse(token_ids=delta.token_ids, text=delta.text)

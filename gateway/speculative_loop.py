@@ -4,14 +4,24 @@
   target runs all k + 1 positions in one forward and commits the accepted prefix plus one token
   of its own (recovered at the first mismatch, bonus if all matched) - exactly its greedy output;
   draft is told how many of its tokens survived and rolls its KV cache back to them.
+
+Faults: a lost draft ends speculation for the request, which decodes on target-only (k = 0). A
+lost target replica is replaced: a new target stream (another replica) and a new draft stream
+are prefilled with everything committed so far, and the target's prefill token is the next
+token - exactly what the lost replica's next verify would have committed first.
 """
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 from dataclasses import dataclass
 
-from gateway.backends import DraftStream, TargetStream
+from gateway.backends import DraftLost, DraftStream, RequestStreams, TargetLost, TargetStream
+from specdec.errors import ServiceUnavailableError
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -25,15 +35,46 @@ async def speculative_generate(
     prompt_ids: list[int],
     max_new_tokens: int,
     num_draft_tokens: int,
-    target: TargetStream,
-    draft: DraftStream | None,
+    streams: RequestStreams,
+    max_target_retries: int = 2,
 ) -> AsyncIterator[Step]:
-    """Yields the committed tokens step by step; the caller stops iterating when it is done."""
-    if draft is None:
-        first = await target.prefill(prompt_ids, max_new_tokens)
-    else:  # prefill both models at once
-        first, _ = await asyncio.gather(target.prefill(prompt_ids, max_new_tokens),
-                                        draft.start(prompt_ids, max_new_tokens))
+    """Yields the committed tokens step by step; the caller stops iterating when it is done.
+
+    After a lost target replica the committed tokens are re-prefilled elsewhere, at most
+    `max_target_retries` times; then ServiceUnavailableError (the tokens yielded so far stay valid).
+    """
+    generated: list[int] = []
+    num_retries = 0
+    while len(generated) < max_new_tokens:
+        try:
+            steps = _decode(prompt_ids + generated, max_new_tokens - len(generated), num_draft_tokens, streams)
+            async with aclosing(steps):
+                async for step in steps:
+                    generated += step.committed_ids
+                    yield step
+        except TargetLost as lost:
+            if num_retries == max_target_retries:
+                raise ServiceUnavailableError(
+                    f"no target replica could continue the request after {num_retries} re-prefill(s) ({lost}); "
+                    f"the {len(generated)} token(s) already streamed are valid, retry for the rest"
+                ) from lost
+            num_retries += 1
+            log.warning("%s; re-prefilling %d committed tokens on another replica", lost,
+                        len(prompt_ids) + len(generated))
+
+
+async def _decode(
+    context_ids: list[int], max_new_tokens: int, num_draft_tokens: int, streams: RequestStreams
+) -> AsyncIterator[Step]:
+    """Prefills `context_ids` on a new target stream (and a new draft stream), then speculates."""
+    target = streams.open_target()
+    draft = streams.open_draft() if num_draft_tokens > 0 else None
+    try:  # prefill both models at once
+        first, draft = await asyncio.gather(target.prefill(context_ids, max_new_tokens),
+                                            _start_draft(draft, context_ids, max_new_tokens))
+    except TargetLost:
+        await _close(target, draft)
+        raise
     yield Step([first], 0, 0)
     num_generated = 1
     # what the draft has not heard yet: how much of its last proposal survived, tokens to append
@@ -41,11 +82,45 @@ async def speculative_generate(
     while num_generated < max_new_tokens:
         # a verify commits up to k + 1 tokens; never run past max_new_tokens
         k = min(num_draft_tokens, max_new_tokens - num_generated - 1) if draft else 0
-        draft_ids = await draft.propose(num_accepted, append_ids, k) if k > 0 else []
-        verified = await target.verify(draft_ids)
+        draft_ids = []
+        if k > 0:
+            try:
+                draft_ids = await draft.propose(num_accepted, append_ids, k)
+            except DraftLost as lost:
+                draft = await _drop_draft(draft, lost)
+                k = 0
+        try:
+            verified = await target.verify(draft_ids)
+        except TargetLost:
+            await _close(target, draft)
+            raise
         if k > 0:
             num_accepted, append_ids = verified.num_accepted, verified.committed_ids[-1:]
         else:
             append_ids = append_ids + verified.committed_ids
         num_generated += len(verified.committed_ids)
         yield Step(verified.committed_ids, len(draft_ids), verified.num_accepted)
+
+
+async def _start_draft(draft: DraftStream | None, prompt_ids: list[int], max_new_tokens: int) -> DraftStream | None:
+    """The started draft stream, or None: no draft, or it was lost (the request runs target-only)."""
+    if draft is None:
+        return None
+    try:
+        await draft.start(prompt_ids, max_new_tokens)
+    except DraftLost as lost:
+        return await _drop_draft(draft, lost)
+    return draft
+
+
+async def _close(target: TargetStream, draft: DraftStream | None) -> None:
+    """Ends both streams of a lost replica's attempt at once (their services free the sequences)."""
+    await target.close()
+    if draft is not None:
+        await draft.close()
+
+
+async def _drop_draft(draft: DraftStream, lost: DraftLost) -> None:
+    log.warning("%s; the request continues target-only", lost)
+    await draft.close()
+    return None

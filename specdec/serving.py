@@ -4,6 +4,7 @@ options."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import signal
@@ -49,13 +50,49 @@ SERVER_OPTIONS = [
     # Clients reconnect (and re-resolve DNS, finding replicas added since) after this age; open
     # streams are not cut: the grace period is unbounded by default.
     ("grpc.max_connection_age_ms", 60_000),
+    # Ping idle clients: a gateway whose host vanished (no FIN/RST) is found within ~30 s and its
+    # streams end, which frees their sequences.
+    ("grpc.keepalive_time_ms", 20_000),
+    ("grpc.keepalive_timeout_ms", 10_000),
+    # Accept the clients' keepalive pings (below) even on streams that send no data for a while;
+    # by default a server answers frequent pings with GOAWAY, killing every stream on the connection.
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.min_recv_ping_interval_without_data_ms", 5_000),
+    ("grpc.http2.max_ping_strikes", 0),
 ]
-# Spread new streams over every address the name resolves to (compose DNS lists all replicas).
+# The model services' methods: a new stream or call that fails before anything was received
+# (UNAVAILABLE: the picked replica just went away) is retried by gRPC itself, on another replica.
+RETRY_POLICY = {"maxAttempts": 3, "initialBackoff": "0.05s", "maxBackoff": "0.5s", "backoffMultiplier": 2,
+                "retryableStatusCodes": ["UNAVAILABLE"]}
+SERVICE_CONFIG = {
+    "loadBalancingConfig": [{"round_robin": {}}],  # spread new streams over every resolved address
+    "methodConfig": [{"name": [{"service": "specdec.v1.TargetService"}, {"service": "specdec.v1.DraftService"}],
+                      "retryPolicy": RETRY_POLICY}],
+}
 CHANNEL_OPTIONS = [
     ("grpc.lb_policy_name", "round_robin"),
+    ("grpc.service_config", json.dumps(SERVICE_CONFIG)),
+    ("grpc.enable_retries", 1),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    # Ping the services every 10 s while streams are open: a frozen or unreachable replica is
+    # found within ~15 s (its streams fail UNAVAILABLE and the gateway moves the request on).
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_timeout_ms", 5_000),
+    ("grpc.http2.max_pings_without_data", 0),
+    # A replica that comes back (a restarted draft) is reconnected within ~2 s, not minutes.
+    ("grpc.initial_reconnect_backoff_ms", 250),
+    ("grpc.min_reconnect_backoff_ms", 250),
+    ("grpc.max_reconnect_backoff_ms", 2_000),
 ]
+
+
+def open_channel(address: str, credentials: grpc.ChannelCredentials | None = None) -> grpc.aio.Channel:
+    """An asyncio channel to a model service pool (`dns:///NAME:PORT` or `ipv4:A:P,B:Q` list every
+    replica); TLS when `credentials` are given."""
+    if credentials is None:
+        return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+    return grpc.aio.secure_channel(address, credentials, options=CHANNEL_OPTIONS)
 
 
 def status_of(error: Exception) -> tuple[grpc.StatusCode, str] | None:

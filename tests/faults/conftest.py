@@ -1,0 +1,194 @@
+"""Fault-test fixtures: target and draft replicas as real processes (killable, restartable on
+their port), and a gateway over both pools (`ipv4:A,B` address lists, round-robin)."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from tiny_models import build_model_dir
+from transformers import AutoModelForCausalLM, LlamaConfig
+
+from gateway.config import GatewayConfig
+from gateway.server import start_gateway_server
+from specdec.v1 import common_pb2, draft_pb2_grpc, gateway_pb2_grpc, target_pb2_grpc
+
+# Long enough that a request is still decoding when a test breaks something under it.
+CONTEXT = 2048
+START_TIMEOUT_S = 180
+
+
+def build_long_context_model(path: Path, tokenizer, seed: int) -> Path:
+    """A tiny random Llama (4 layers, hidden 128) with a 2048-token context."""
+    import torch
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=128, intermediate_size=256, num_hidden_layers=4,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=CONTEXT,
+                         initializer_range=0.1, eos_token_id=tokenizer.eos_token_id,
+                         bos_token_id=tokenizer.bos_token_id, pad_token_id=tokenizer.pad_token_id,
+                         tie_word_embeddings=False)
+    AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def long_models(tmp_path_factory, tokenizer) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("long_models")
+    target = build_long_context_model(root / "target", tokenizer, seed=10)
+    draft = build_model_dir(root / "draft", tokenizer, seed=11, perturb_from=target, perturb_scale=0.05)
+    return {"target": target, "draft": draft}
+
+
+@dataclass
+class Replica:
+    """One service process; `restart()` brings it back on the same port."""
+
+    name: str
+    module: str
+    args: list[str]
+    workdir: Path
+    port: int = 0
+    process: subprocess.Popen | None = None
+    _channel: grpc.Channel | None = field(default=None, repr=False)
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def _ready_file(self) -> Path:
+        return self.workdir / f"{self.name}.addr"
+
+    def spawn(self) -> None:
+        self._ready_file.unlink(missing_ok=True)
+        command = [sys.executable, "-m", self.module, "--port", str(self.port), "--ready-file", str(self._ready_file),
+                   "--log-level", "WARNING", "--num-threads", "1", *self.args]
+        self.process = subprocess.Popen(command)
+
+    def start(self) -> None:
+        self.spawn()
+        self.wait_ready()
+
+    def wait_ready(self) -> None:
+        ready = self._ready_file
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not ready.exists():
+            assert self.process.poll() is None, f"{self.name} exited with {self.process.returncode}"
+            assert time.monotonic() < deadline, f"{self.name} did not start in {START_TIMEOUT_S} s"
+            time.sleep(0.1)
+        self.port = int(ready.read_text().strip().rsplit(":", 1)[1])
+        with grpc.insecure_channel(self.address) as c:
+            health_pb2_grpc.HealthStub(c).Check(health_pb2.HealthCheckRequest(), timeout=60, wait_for_ready=True)
+
+    def is_running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def kill(self) -> None:
+        """SIGKILL: no goodbye, the connections just break."""
+        if self.is_running():
+            self.process.send_signal(signal.SIGCONT)
+            self.process.kill()
+            self.process.wait(30)
+
+    def pause(self) -> None:
+        os.kill(self.process.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        os.kill(self.process.pid, signal.SIGCONT)
+
+    def stop(self) -> None:
+        if self.is_running():
+            self.process.send_signal(signal.SIGCONT)
+            self.process.terminate()
+            try:
+                self.process.wait(15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        if self._channel is not None:
+            self._channel.close()
+            self._channel = None
+
+    def engine_stats(self) -> common_pb2.EngineStats:
+        if self._channel is None:
+            self._channel = grpc.insecure_channel(self.address)
+        stub_type = target_pb2_grpc.TargetServiceStub if self.module == "target_service" \
+            else draft_pb2_grpc.DraftServiceStub
+        return stub_type(self._channel).GetEngineStats(common_pb2.EngineStatsRequest(), timeout=10)
+
+
+class Cluster:
+    """Two target and two draft replicas (processes) and an in-process gateway over both pools."""
+
+    def __init__(self, targets: list[Replica], drafts: list[Replica]) -> None:
+        self.targets = targets
+        self.drafts = drafts
+
+    @property
+    def replicas(self) -> list[Replica]:
+        return [*self.targets, *self.drafts]
+
+    def ensure_running(self) -> None:
+        """Restarts every replica a test killed (on its port), together."""
+        down = [r for r in self.replicas if not r.is_running()]
+        for replica in down:
+            replica.spawn()
+        for replica in down:
+            replica.wait_ready()
+
+    def holder(self, replicas: list[Replica]) -> Replica:
+        """The replica that holds the (single) open sequence."""
+        holding = [r for r in replicas if r.is_running() and r.engine_stats().num_active_sequences > 0]
+        assert len(holding) == 1, f"expected one replica holding the sequence, got {len(holding)}"
+        return holding[0]
+
+    def wait_idle(self, timeout_s: float = 20) -> None:
+        """Every running replica's KV pool is back to empty."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            stats = [(r.name, r.engine_stats()) for r in self.replicas if r.is_running()]
+            if all(s.num_kv_blocks_used == 0 and s.num_active_sequences == 0 for _, s in stats):
+                return
+            assert time.monotonic() < deadline, f"KV not freed: {stats}"
+            time.sleep(0.1)
+
+    def stop(self) -> None:
+        for replica in self.replicas:
+            replica.stop()
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory, long_models):
+    workdir = tmp_path_factory.mktemp("cluster")
+    kv = ["--kv-cache-tokens", "16384"]
+    targets = [Replica(f"target{i}", "target_service", ["--model", str(long_models["target"]), *kv], workdir)
+               for i in range(2)]
+    drafts = [Replica(f"draft{i}", "draft_service",
+                      ["--drafter", "model", "--model", str(long_models["draft"]), *kv], workdir) for i in range(2)]
+    cluster = Cluster(targets, drafts)
+    try:
+        cluster.ensure_running()
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def cluster_gateway(loop, cluster):
+    """A gateway over both pools; a draft that is silent for 1 s is dropped from the request."""
+    config = GatewayConfig(target_address="ipv4:" + ",".join(t.address for t in cluster.targets),
+                           draft_address="ipv4:" + ",".join(d.address for d in cluster.drafts),
+                           default_num_draft_tokens=3, draft_step_timeout_s=1.0, connect_timeout_s=60)
+    server = loop.run(start_gateway_server(config))
+    with grpc.insecure_channel(f"127.0.0.1:{server.port}") as c:
+        yield gateway_pb2_grpc.GatewayStub(c)
+    loop.run(server.stop())
