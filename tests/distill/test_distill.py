@@ -1,0 +1,75 @@
+"""`python -m distill` end to end on a tiny random target: data, a few steps, a checkpoint that a second
+run resumes, and a draft directory that loads through ModelRunner and the draft service's loader
+with the target's tokenizer."""
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+import torch
+
+from distill.__main__ import main as distill
+from draft_service.registry import DraftRegistry, model_loader
+from engine.batch import StepInput
+from engine.model_runner import ModelRunner, RuntimeConfig
+from engine.model_source import DRAFT_FILE, load_pretrained
+from specdec.errors import UnsupportedModelError
+
+
+def _events(log_file, name):
+    return [r for r in map(json.loads, log_file.read_text().splitlines()) if r["event"] == name]
+
+
+def _args(target, out, work, *extra):
+    return ["--target", str(target), "--out", str(out), "--work", str(work), "--layers", "1", "--num-prompts", "12",
+            "--max-new-tokens", "6", "--gen-batch-size", "8", "--batch-size", "4", "--epochs", "2",
+            "--device", "cpu", "--eval-every", "2", "--checkpoint-every", "100", "--dtype", "float32", *extra]
+
+
+def test_distill_resumes_and_the_draft_loads_with_the_targets_tokenizer(model_dirs, tmp_path):
+    target, out, work = model_dirs["target"], tmp_path / "draft", tmp_path / "work"
+    first = distill(_args(target, out, work, "--max-minutes", "0"))  # stops (and checkpoints) after one step
+    assert first["stopped_early"] and first["step"] == 1
+    assert len(list((work / "data").glob("shard-*.pt"))) == 2
+    second = distill(_args(target, out, work))
+    log = work / "log.jsonl"
+    assert _events(log, "resume") == [{"time": _events(log, "resume")[0]["time"], "event": "resume", "step": 1}]
+    steps = [r["step"] for r in _events(log, "step")]
+    assert steps == list(range(1, second["total_steps"] + 1))  # the second run went on from step 2
+    assert second["step"] == second["total_steps"] == 6 and not second["stopped_early"]
+    assert len(_events(log, "shard")) == 4  # 2 training + 2 held-out shards, generated once
+
+    meta = json.loads((out / DRAFT_FILE).read_text())
+    assert meta["num_layers"] == 1 and meta["source_layers"] == [1] and meta["target"] == str(target)
+    draft = ModelRunner(RuntimeConfig(model=str(out), kv_cache_tokens=1024))
+    target_runner = ModelRunner(RuntimeConfig(model=str(target), kv_cache_tokens=1024))
+    assert draft.model.shape.num_layers == 1
+    assert draft.description.tokenizer_fingerprint == target_runner.description.tokenizer_fingerprint
+    assert draft.description.vocab_size == target_runner.description.vocab_size
+    # the shipped layer is the trained one; embedding and head are the target's
+    trained = torch.load(work / "checkpoint.pt", weights_only=False)["layers"]
+    assert torch.equal(draft.model.layers[0].o_proj.weight, trained["0.self_attn.o_proj.weight"])
+    assert torch.equal(draft.model.embed_tokens.weight, target_runner.model.embed_tokens.weight)
+    logits = draft.forward([StepInput(draft.kv.new_sequence(), [1, 2, 3], num_logits=1)])[0]
+    assert logits.shape == (1, draft.description.vocab_size)
+
+    async def load_in_service():
+        registry = DraftRegistry(model_loader(RuntimeConfig(model="", kv_cache_tokens=1024), max_batch_size=4))
+        info, _ = await registry.load("distilled", str(out), make_default=True,
+                                      expected_fingerprint=target_runner.description.tokenizer_fingerprint)
+        await registry.stop()
+        return info
+
+    info = asyncio.run(load_in_service())
+    assert info.is_default and info.drafter.description.model_id == str(out)
+
+
+def test_a_draft_on_another_tokenizer_is_refused(model_dirs, tmp_path):
+    out, work = tmp_path / "draft", tmp_path / "work"
+    distill(_args(model_dirs["target"], out, work, "--epochs", "0.1"))
+    meta = json.loads((out / DRAFT_FILE).read_text())
+    meta["target"] = str(model_dirs["other_tokenizer"])
+    (out / DRAFT_FILE).write_text(json.dumps(meta))
+    with pytest.raises(UnsupportedModelError, match="different tokenizer"):
+        load_pretrained(str(out), torch.float32, torch.device("cpu"), tmp_path / "cache")
