@@ -23,6 +23,8 @@ from draft_service.registry import DraftRegistry, model_loader
 from draft_service.server import start_draft_server
 from engine.drafter import DraftSequence, ProposeTiming
 from engine.model_drafter import ModelDrafter
+from engine.sampling import SamplingParams
+from specdec.errors import InvalidRequestError
 from specdec.cli_args import add_runtime_args, add_server_args, runtime_config, setup_logging
 from specdec.serving import RunningServer, serve_until_signal
 
@@ -54,7 +56,10 @@ class OracleDrafter:
         self._alpha = alpha
         self._state: dict[int, tuple[int, list[int] | None, random.Random]] = {}
 
-    async def start(self, prompt_ids: list[int], max_new_tokens: int) -> DraftSequence:
+    async def start(self, prompt_ids: list[int], max_new_tokens: int,
+                    sampling: SamplingParams = SamplingParams()) -> DraftSequence:
+        if not sampling.is_greedy:
+            raise InvalidRequestError("the benchmark oracle serves greedy requests only")
         seq = await self._inner.start(prompt_ids, max_new_tokens)
         key = tuple(prompt_ids)
         self._state[id(seq)] = (len(prompt_ids), self._continuations.get(key), random.Random(hash(key)))

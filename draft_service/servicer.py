@@ -9,7 +9,7 @@ import grpc
 from draft_service.registry import DraftInfo, DraftRegistry, Lease
 from engine.drafter import DraftSequence
 from specdec.errors import InvalidRequestError, PermissionDeniedError
-from specdec.messages import model_info_pb
+from specdec.messages import distributions_pb, model_info_pb, sampling_params
 from specdec.v1 import common_pb2, draft_pb2, draft_pb2_grpc
 
 
@@ -29,16 +29,17 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
                 command = request.WhichOneof("command")
                 if command == "start" and lease is None:
                     lease = self._drafts.acquire(request.start.draft_model)
-                    seq = await lease.drafter.start(list(request.start.prompt_ids), request.start.max_new_tokens)
+                    seq = await lease.drafter.start(list(request.start.prompt_ids), request.start.max_new_tokens,
+                                                    sampling_params(request.start.sampling))
                     yield draft_pb2.DraftResponse(started=draft_pb2.StartResult())
                 elif command == "propose" and seq is not None:
                     p = request.propose
                     draft_ids, timing = await lease.drafter.propose(
                         seq, p.num_accepted_draft_tokens, list(p.append_ids), p.num_draft_tokens
                     )
-                    yield draft_pb2.DraftResponse(
-                        proposal=draft_pb2.ProposeResult(draft_ids=draft_ids), forward_ns=timing.forward_ns
-                    )
+                    result = draft_pb2.ProposeResult(draft_ids=draft_ids,
+                                                     draft_probs=distributions_pb(seq.proposal_probs))
+                    yield draft_pb2.DraftResponse(proposal=result, forward_ns=timing.forward_ns)
                 else:
                     raise InvalidRequestError(
                         f"unexpected {command or 'empty'} command: a Sequence stream is one start, then proposes"

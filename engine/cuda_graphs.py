@@ -11,6 +11,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 from tqdm import tqdm
@@ -18,6 +19,8 @@ from tqdm import tqdm
 from engine.batch import ForwardBatch, StepInput
 from engine.kv_cache import SCRATCH_BLOCK, KVPool
 from engine.llama import AttentionFn, CausalLM
+
+T = TypeVar("T")
 
 @dataclass(frozen=True)
 class GraphConfig:
@@ -115,7 +118,7 @@ def fill_static_batch(batch: ForwardBatch, steps: list[StepInput], q: int, kv: K
     batch.block_tables.copy_(block_tables, non_blocking=True)
 
 
-def capture(fn: Callable[[], torch.Tensor], pool: tuple) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+def capture(fn: Callable[[], T], pool: tuple) -> tuple[torch.cuda.CUDAGraph, T]:
     """Warms `fn` up on a side stream (compiling Triton kernels), then captures it; returns its static output."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())

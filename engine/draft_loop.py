@@ -20,6 +20,7 @@ from engine.batch import ForwardBatch, StepInput
 from engine.cuda_graphs import capture, fill_static_batch, static_batch
 from engine.kv_cache import SCRATCH_BLOCK
 from engine.model_runner import ModelRunner
+from engine.sampling import Distribution, SamplingParams, as_int64, sample_draft
 
 
 @dataclass(frozen=True)
@@ -28,15 +29,46 @@ class LoopConfig:
     max_steps: int = 8  # proposals longer than this run step by step
     # pending tokens before a proposal: 1 (after a rejection), 2 (all accepted: last draft + bonus)
     first_query_buckets: tuple[int, ...] = (1, 2)
+    num_candidates: int = 8  # a sampled proposal's distribution: the draft's top candidates (sent over the wire)
+
+
+@dataclass(frozen=True)
+class Proposal:
+    token_ids: list[int]
+    probs: list[Distribution]  # the distribution each token was drawn from; [] for greedy sequences
+
+
+@dataclass
+class _RowParams:
+    """One sampling parameter per batch row, as device tensors (static buffers in a graph)."""
+
+    temperature: torch.Tensor
+    top_p: torch.Tensor
+    top_k: torch.Tensor
+    min_p: torch.Tensor
+    seed: torch.Tensor
+
+    @classmethod
+    def empty(cls, b: int, device: torch.device) -> _RowParams:
+        f, i = dict(dtype=torch.float32, device=device), dict(dtype=torch.long, device=device)
+        return cls(torch.zeros(b, **f), torch.ones(b, **f), torch.zeros(b, **i), torch.zeros(b, **f), torch.zeros(b, **i))
+
+    def fill(self, params: list[SamplingParams]) -> None:
+        pad = [SamplingParams()] * (self.seed.shape[0] - len(params))
+        rows = params + pad
+        for name in ("temperature", "top_p", "top_k", "min_p"):
+            getattr(self, name).copy_(torch.tensor([getattr(r, name) for r in rows]), non_blocking=True)
+        self.seed.copy_(torch.tensor([as_int64(r.seed) for r in rows]), non_blocking=True)
 
 
 @dataclass
 class _DeviceLoop:
     first: ForwardBatch  # static inputs of the first forward (the pending tokens)
     base_positions: torch.Tensor  # [b] position of each sequence's last pending token
-    run: Callable[[], torch.Tensor]  # the k forwards; returns [b, k] proposals
+    params: _RowParams | None  # None: a greedy-only loop
+    run: Callable[[], tuple[torch.Tensor, ...]]  # the k forwards; [b, k] tokens (+ [b, k, c] ids and q)
     graph: torch.cuda.CUDAGraph | None = None  # `run` captured (CUDA)
-    tokens: torch.Tensor | None = None  # the graph's static output
+    outputs: tuple[torch.Tensor, ...] | None = None  # the graph's static outputs
 
 
 class DraftLoop:
@@ -45,7 +77,7 @@ class DraftLoop:
         and then captured); True without graphs runs the same loop uncaptured (tests it on CPU)."""
         self._runner = runner
         self._config = config
-        self._loops: dict[tuple[int, int, int], _DeviceLoop] = {}
+        self._loops: dict[tuple[int, int, int, bool], _DeviceLoop] = {}
         self._device_loop = runner.graphs is not None if device_loop is None else device_loop
         self._max_blocks = -(-(runner.max_model_len + config.max_steps + 2) // runner.kv.block_size)
         self.num_forwards = 0
@@ -55,37 +87,56 @@ class DraftLoop:
             self._pool = torch.cuda.graph_pool_handle()
             self._capture_all()
 
-    def propose(self, steps: list[StepInput], num_tokens: list[int]) -> list[list[int]]:
-        """Feeds each step's tokens, then proposes `num_tokens[i]` greedy tokens for sequence i.
+    def propose(self, steps: list[StepInput], num_tokens: list[int],
+                sampling: list[SamplingParams] | None = None) -> list[Proposal]:
+        """Feeds each step's tokens, then proposes `num_tokens[i]` tokens for sequence i: its argmax
+        (greedy) or a draw from its top candidates under `sampling[i]` (see engine/sampling.py).
 
         Every proposed token but the last is fed back (its K/V written); the caller reserved nothing.
         """
+        sampling = sampling or [SamplingParams()] * len(steps)
         k = max(num_tokens)
         if self._device_loop and len(steps) <= self._config.batch_buckets[-1] and k <= self._config.max_steps:
-            proposals = self._propose_graphed(steps, k)
+            tokens, probs = self._propose_graphed(steps, k, sampling)
         else:
-            proposals = self._propose_stepwise(steps, num_tokens)
-        return [p[:n] for p, n in zip(proposals, num_tokens)]
+            tokens, probs = self._propose_stepwise(steps, num_tokens, sampling)
+        return [Proposal(t[:n], [] if s.is_greedy else p[:n]) for t, p, n, s in zip(tokens, probs, num_tokens, sampling)]
 
-    def _propose_stepwise(self, steps: list[StepInput], num_tokens: list[int]) -> list[list[int]]:
-        proposals: list[list[int]] = [[] for _ in steps]
+    def _propose_stepwise(self, steps: list[StepInput], num_tokens: list[int], sampling: list[SamplingParams]
+                          ) -> tuple[list[list[int]], list[list[Distribution]]]:
+        tokens: list[list[int]] = [[] for _ in steps]
+        probs: list[list[Distribution]] = [[] for _ in steps]
         active = list(range(len(steps)))
         current = [dataclasses.replace(s, num_logits=1) for s in steps]
+        positions = [s.kv.num_tokens + len(s.token_ids) for s in steps]  # of each next proposed token
         while current:
-            logits = self._runner.forward(current)
+            logits = torch.cat([l[-1:] for l in self._runner.forward(current)])
             self.num_forwards += 1
             self.num_sequence_steps += len(current)
+            picked = self._pick(logits, [sampling[i] for i in active], [positions[i] + len(tokens[i]) for i in active])
             current, still_active = [], []
-            for i, seq_logits in zip(active, logits):
-                token = int(seq_logits[-1].argmax())
-                proposals[i].append(token)
-                if len(proposals[i]) < num_tokens[i]:
+            for i, token, dist in zip(active, *picked):
+                tokens[i].append(token)
+                probs[i].append(dist)
+                if len(tokens[i]) < num_tokens[i]:
                     current.append(StepInput(steps[i].kv, [token], num_logits=1))
                     still_active.append(i)
             active = still_active
-        return proposals
+        return tokens, probs
 
-    def _propose_graphed(self, steps: list[StepInput], k: int) -> list[list[int]]:
+    def _pick(self, logits: torch.Tensor, sampling: list[SamplingParams], positions: list[int]
+              ) -> tuple[list[int], list[Distribution]]:
+        if all(s.is_greedy for s in sampling):
+            return logits.argmax(-1).tolist(), [([], [])] * len(sampling)
+        params = _RowParams.empty(len(sampling), logits.device)
+        params.fill(sampling)
+        position = torch.tensor(positions, device=logits.device)
+        token, ids, q = sample_draft(logits, params.temperature, params.top_p, params.top_k, params.min_p, params.seed,
+                                     position, self._config.num_candidates)
+        return token.tolist(), list(zip(ids.tolist(), q.tolist()))
+
+    def _propose_graphed(self, steps: list[StepInput], k: int, sampling: list[SamplingParams]
+                         ) -> tuple[list[list[int]], list[list[Distribution]]]:
         q_max = self._config.first_query_buckets[-1]
         long = [s for s in steps if len(s.token_ids) > q_max]
         if long:  # catch up on everything but the last pending token first (rare: after k = 0 steps)
@@ -96,7 +147,8 @@ class DraftLoop:
             s.kv.reserve(len(s.token_ids) + k - 1)
         b = _bucket(self._config.batch_buckets, len(steps))
         q = _bucket(self._config.first_query_buckets, max(len(s.token_ids) for s in steps))
-        shape = (b, k, q)
+        sampled = not all(s.is_greedy for s in sampling)
+        shape = (b, k, q, sampled)
         if shape not in self._loops:  # only without graphs: captured loops all exist from the start
             self._loops[shape] = self._build(*shape)
         graph = self._loops[shape]
@@ -105,29 +157,34 @@ class DraftLoop:
         base = [s.kv.num_tokens + len(s.token_ids) - 1 for s in steps] + [q - 1] * (b - len(steps))
         graph.first.logits_indices.copy_(torch.tensor(rows), non_blocking=True)
         graph.base_positions.copy_(torch.tensor(base), non_blocking=True)
+        if graph.params is not None:
+            graph.params.fill(sampling)
         if graph.graph is not None:
             graph.graph.replay()
-            tokens = graph.tokens
+            outputs = graph.outputs
             self.num_graph_replays += 1
         else:
-            tokens = graph.run()
-        proposals = tokens[: len(steps)].tolist()  # the one host sync
+            outputs = graph.run()
+        n = len(steps)
+        tokens = outputs[0][:n].tolist()  # the host sync
+        probs = list(zip(outputs[1][:n].tolist(), outputs[2][:n].tolist())) if sampled else [([], [])] * n
+        probs = [list(zip(ids, q)) for ids, q in probs]  # per token: (candidate ids, q)
         for s in steps:
             s.kv.commit(len(s.token_ids) + k - 1)
         self.num_forwards += k
         self.num_sequence_steps += k * len(steps)
-        return proposals
+        return tokens, probs
 
     def _capture_all(self) -> None:
         c = self._config
-        shapes = [(b, k, q) for b in sorted(c.batch_buckets, reverse=True) for k in range(c.max_steps, 0, -1)
-                  for q in sorted(c.first_query_buckets, reverse=True)]
+        shapes = [(b, k, q, sampled) for sampled in (False, True) for b in sorted(c.batch_buckets, reverse=True)
+                  for k in range(c.max_steps, 0, -1) for q in sorted(c.first_query_buckets, reverse=True)]
         for shape in tqdm(shapes, desc="capturing draft-loop CUDA graphs", unit="graph"):
             loop = self._build(*shape)
-            loop.graph, loop.tokens = capture(loop.run, self._pool)
+            loop.graph, loop.outputs = capture(loop.run, self._pool)
             self._loops[shape] = loop
 
-    def _build(self, b: int, k: int, q: int) -> _DeviceLoop:
+    def _build(self, b: int, k: int, q: int, sampled: bool) -> _DeviceLoop:
         runner, device = self._runner, self._runner.device
         model, kv, attention, bs = runner.model, runner.kv, runner.attention, runner.kv.block_size
         first = static_batch(b, q, self._max_blocks, bs, device)
@@ -145,21 +202,28 @@ class DraftLoop:
             logits_indices=torch.arange(b, device=device),
         )
 
-        def loop() -> torch.Tensor:
-            token = model(first, kv, attention).argmax(-1)
-            proposals = [token]
+        params = _RowParams.empty(b, device) if sampled else None
+        num_candidates = self._config.num_candidates
+
+        def pick(logits: torch.Tensor, j: int) -> tuple[torch.Tensor, ...]:  # proposal j sits at base + 1 + j
+            if params is None:
+                return (logits.argmax(-1),)
+            return sample_draft(logits, params.temperature, params.top_p, params.top_k, params.min_p, params.seed,
+                                base + 1 + j, num_candidates)
+
+        def loop() -> tuple[torch.Tensor, ...]:
+            picked = [pick(model(first, kv, attention), 0)]
             for j in range(1, k):  # feed proposal j - 1 at position base + j
                 positions = base + j
                 block = first.block_tables.gather(1, (positions // bs).unsqueeze(1)).squeeze(1)
-                step.input_ids.copy_(token)
+                step.input_ids.copy_(picked[-1][0])
                 step.positions.copy_(positions)
                 step.slot_mapping.copy_(block.long() * bs + positions % bs)
                 step.context_lens.copy_(positions + 1)
-                token = model(step, kv, attention).argmax(-1)
-                proposals.append(token)
-            return torch.stack(proposals, dim=1)
+                picked.append(pick(model(step, kv, attention), j))
+            return tuple(torch.stack(parts, dim=1) for parts in zip(*picked))  # tokens [b, k] (ids, q [b, k, c])
 
-        return _DeviceLoop(first, base, loop)
+        return _DeviceLoop(first, base, params, loop)
 
 
 def _bucket(buckets: tuple[int, ...], n: int) -> int:

@@ -1,11 +1,12 @@
 """The drafter interface the draft service serves, and the per-request draft bookkeeping."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from engine.kv_cache import SequenceKV
 from engine.model_runner import ModelDescription
+from engine.sampling import Distribution, SamplingParams
 from specdec.errors import InvalidRequestError
 
 
@@ -17,6 +18,8 @@ class DraftSequence:
     num_proposed: int = 0  # trailing entries of token_ids that are unverified proposals
     kv: SequenceKV | None = None  # model drafters only
     num_promised_blocks: int = 0  # what KV admission promised (model drafters only)
+    sampling: SamplingParams = SamplingParams()  # greedy unless the request samples
+    proposal_probs: list[Distribution] = field(default_factory=list)  # what the open proposal was drawn from
 
     def reconcile(self, num_accepted: int, append_ids: list[int]) -> int:
         """Keeps the first `num_accepted` proposed tokens, drops the rest, appends `append_ids`.
@@ -44,11 +47,13 @@ class ProposeTiming:
 class Drafter(Protocol):
     description: ModelDescription
 
-    async def start(self, prompt_ids: list[int], max_new_tokens: int) -> DraftSequence: ...
+    async def start(self, prompt_ids: list[int], max_new_tokens: int,
+                    sampling: SamplingParams = SamplingParams()) -> DraftSequence: ...
 
     async def propose(
         self, seq: DraftSequence, num_accepted: int, append_ids: list[int], num_draft_tokens: int
-    ) -> tuple[list[int], ProposeTiming]: ...
+    ) -> tuple[list[int], ProposeTiming]:
+        """Also sets seq.proposal_probs: for sampled sequences, the distribution of each proposed token."""
 
     def release(self, seq: DraftSequence) -> None: ...
 

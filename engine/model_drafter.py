@@ -18,6 +18,7 @@ from engine.drafter import DraftSequence, ProposeTiming, check_propose
 from engine.kv_cache import KVAdmission
 from engine.limits import check_new_sequence
 from engine.model_runner import ModelRunner
+from engine.sampling import SamplingParams
 from specdec.errors import CapacityError, InvalidRequestError
 
 
@@ -50,13 +51,15 @@ class ModelDrafter:
     async def stop(self) -> None:
         await self._loop.stop()
 
-    async def start(self, prompt_ids: list[int], max_new_tokens: int) -> DraftSequence:
+    async def start(self, prompt_ids: list[int], max_new_tokens: int,
+                    sampling: SamplingParams = SamplingParams()) -> DraftSequence:
         """Opens a sequence and prefills the prompt into the draft's KV cache."""
         check_new_sequence(prompt_ids, max_new_tokens, self.runner.max_model_len)
         self.runner.check_token_ids(prompt_ids, "prompt_ids")
         # the draft's KV holds at most the committed tokens plus k - 1 proposals
         promised = await self.admission.admit(len(prompt_ids) + max_new_tokens + self._max_draft_tokens)
-        seq = DraftSequence(list(prompt_ids), kv=self.runner.kv.new_sequence(), num_promised_blocks=promised)
+        seq = DraftSequence(list(prompt_ids), kv=self.runner.kv.new_sequence(), num_promised_blocks=promised,
+                            sampling=sampling)
         self._counters["num_active_sequences"] += 1
         self._counters["num_sequences_started"] += 1
         try:
@@ -116,10 +119,12 @@ class ModelDrafter:
             self._counters["num_forwards"] += 1
             self._counters["num_sequence_steps"] += len(prefills)
         proposals = self.draft_loop.propose([step for _, _, step in proposing],
-                                      [job.num_draft_tokens for _, job, _ in proposing]) if proposing else []
+                                            [job.num_draft_tokens for _, job, _ in proposing],
+                                            [job.seq.sampling for _, job, _ in proposing]) if proposing else []
         timing = ProposeTiming(time.perf_counter_ns() - start)
-        for (index, job, _), draft_ids in zip(proposing, proposals):
-            job.seq.token_ids += draft_ids
-            job.seq.num_proposed = len(draft_ids)
-            results[index] = (draft_ids, timing)
+        for (index, job, _), proposal in zip(proposing, proposals):
+            job.seq.token_ids += proposal.token_ids
+            job.seq.num_proposed = len(proposal.token_ids)
+            job.seq.proposal_probs = proposal.probs
+            results[index] = (proposal.token_ids, timing)
         return [([], timing) if r is None else r for r in results]

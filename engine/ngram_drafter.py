@@ -5,6 +5,7 @@ from __future__ import annotations
 from engine.drafter import DraftSequence, ProposeTiming, check_propose
 from engine.limits import check_new_sequence
 from engine.model_runner import ModelDescription
+from engine.sampling import SamplingParams
 
 
 def ngram_lookup(token_ids: list[int], num_draft_tokens: int, max_ngram: int = 3, min_ngram: int = 1) -> list[int]:
@@ -30,11 +31,12 @@ class NgramDrafter:
         self._num_active = 0
         self._num_started = 0
 
-    async def start(self, prompt_ids: list[int], max_new_tokens: int) -> DraftSequence:
+    async def start(self, prompt_ids: list[int], max_new_tokens: int,
+                    sampling: SamplingParams = SamplingParams()) -> DraftSequence:
         check_new_sequence(prompt_ids, max_new_tokens, self.description.max_model_len)
         self._num_active += 1
         self._num_started += 1
-        return DraftSequence(list(prompt_ids))
+        return DraftSequence(list(prompt_ids), sampling=sampling)
 
     async def propose(
         self, seq: DraftSequence, num_accepted: int, append_ids: list[int], num_draft_tokens: int
@@ -44,6 +46,8 @@ class NgramDrafter:
         draft_ids = ngram_lookup(seq.token_ids, num_draft_tokens, self._max_ngram)
         seq.token_ids += draft_ids
         seq.num_proposed = len(draft_ids)
+        # a lookup is deterministic: each token was "drawn" from a point mass on itself
+        seq.proposal_probs = [] if seq.sampling.is_greedy else [([t], [1.0]) for t in draft_ids]
         return draft_ids, ProposeTiming(forward_ns=0)
 
     def release(self, seq: DraftSequence) -> None:

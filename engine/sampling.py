@@ -24,6 +24,7 @@ from engine.verification import Verification
 from specdec.errors import InvalidRequestError
 
 STREAM_ACCEPT, STREAM_TARGET, STREAM_DRAFT = 1, 2, 3
+Distribution = tuple[list[int], list[float]]  # a sparse distribution: (token ids, probabilities)
 _MASK64 = (1 << 64) - 1
 
 
@@ -118,7 +119,7 @@ def sample_token(logits: torch.Tensor, params: SamplingParams, position: int) ->
 
 def verify_sampled(
     draft_ids: list[int],
-    draft_probs: list[tuple[list[int], list[float]]],  # q_i as (token ids, probabilities) per draft token
+    draft_probs: list[Distribution],  # q_i per draft token
     target_logits: torch.Tensor,  # [k + 1, vocab]
     params: SamplingParams,
     position: int,  # absolute position of the first draft token
@@ -130,10 +131,10 @@ def verify_sampled(
     p = probabilities(target_logits, params)  # [k + 1, vocab]
     q = torch.zeros_like(p)
     for i, (ids, probs) in enumerate(draft_probs):
-        q[i, torch.tensor(ids, device=device)] = torch.tensor(probs, device=device, dtype=q.dtype)
-    x = torch.tensor(draft_ids, device=device)
+        q[i, torch.tensor(ids, dtype=torch.long, device=device)] = torch.tensor(probs, device=device, dtype=q.dtype)
+    x = torch.tensor(draft_ids, dtype=torch.long, device=device)
     rows = torch.arange(k, device=device)
-    seed = torch.full((k + 1,), _as_int64(params.seed), device=device)
+    seed = torch.full((k + 1,), as_int64(params.seed), device=device)
     positions = torch.arange(position, position + k + 1, device=device)
     u = uniform(seed[:k], positions[:k], STREAM_ACCEPT, torch.zeros(k, dtype=torch.long, device=device))
     accepted = u * q[rows, x] < p[rows, x]  # with probability min(1, p(x) / q(x))
@@ -146,7 +147,7 @@ def verify_sampled(
     return Verification(num_accepted, draft_ids[:num_accepted] + [candidates[num_accepted]])
 
 
-def check_draft_probs(draft_ids: list[int], draft_probs: list[tuple[list[int], list[float]]], vocab_size: int) -> None:
+def check_draft_probs(draft_ids: list[int], draft_probs: list[Distribution], vocab_size: int) -> None:
     """A draft distribution must be a distribution over vocabulary ids that gives its token a chance."""
     if len(draft_probs) != len(draft_ids):
         raise InvalidRequestError(f"{len(draft_ids)} draft tokens but {len(draft_probs)} draft distributions; "
@@ -162,12 +163,12 @@ def check_draft_probs(draft_ids: list[int], draft_probs: list[tuple[list[int], l
             raise InvalidRequestError(f"draft token {x} has no probability in its own draft distribution")
 
 
-def _as_int64(seed: int) -> int:
+def as_int64(seed: int) -> int:
     return seed - (1 << 64) if seed >= 1 << 63 else seed
 
 
 def _scalars(seed: int, position: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    return (torch.tensor([_as_int64(seed)], device=device), torch.tensor([position], device=device))
+    return (torch.tensor([as_int64(seed)], device=device), torch.tensor([position], device=device))
 
 
 def sample_draft(

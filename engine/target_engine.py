@@ -20,6 +20,7 @@ from engine.batching_loop import BatchingLoop, ForwardObserver
 from engine.kv_cache import KVAdmission, SequenceKV
 from engine.limits import check_new_sequence
 from engine.model_runner import ModelRunner
+from engine.sampling import Distribution, SamplingParams, check_draft_probs, sample_token, verify_sampled
 from engine.verification import Verification, verify_greedy
 from specdec.errors import InvalidRequestError
 
@@ -40,6 +41,7 @@ class TargetSequence:
     kv: SequenceKV
     max_len: int  # prompt + max_new_tokens
     num_promised_blocks: int  # what admission promised this sequence
+    sampling: SamplingParams = SamplingParams()
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,7 @@ class StepTiming:
 class _Job:
     seq: TargetSequence
     draft_ids: list[int] | None  # None: prefill
+    draft_probs: list[Distribution] | None = None  # sampled sequences: what each draft token was drawn from
 
 
 @dataclass(frozen=True)
@@ -94,13 +97,15 @@ class TargetEngine:
                 "num_sequence_steps": self.num_sequence_steps, "num_kv_blocks_used": allocator.num_used,
                 "num_kv_blocks_total": allocator.num_blocks, "kv_block_size": self.runner.kv.block_size}
 
-    async def prefill(self, prompt_ids: list[int], max_new_tokens: int) -> tuple[TargetSequence, int, StepTiming]:
+    async def prefill(self, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingParams = SamplingParams()
+                      ) -> tuple[TargetSequence, int, StepTiming]:
         """Opens a sequence on the prompt (waiting for KV room if needed); returns the first token."""
         check_new_sequence(prompt_ids, max_new_tokens, self.runner.max_model_len)
+        sampling.check()
         self.runner.check_token_ids(prompt_ids, "prompt_ids")
         max_len = len(prompt_ids) + max_new_tokens
         promised = await self.admission.admit(max_len)
-        seq = TargetSequence(list(prompt_ids), self.runner.kv.new_sequence(), max_len, promised)
+        seq = TargetSequence(list(prompt_ids), self.runner.kv.new_sequence(), max_len, promised, sampling)
         self.num_active_sequences += 1
         self.num_sequences_started += 1
         try:
@@ -110,15 +115,21 @@ class TargetEngine:
             raise
         return seq, outcome.verification.committed_ids[0], outcome.timing
 
-    async def verify(self, seq: TargetSequence, draft_ids: list[int]) -> tuple[Verification, StepTiming]:
-        """Checks `draft_ids` after the committed tokens; commits accepted + recovered/bonus."""
+    async def verify(self, seq: TargetSequence, draft_ids: list[int], draft_probs: list[Distribution] | None = None
+                     ) -> tuple[Verification, StepTiming]:
+        """Checks `draft_ids` after the committed tokens; commits accepted + recovered/bonus.
+
+        Sampled sequences need `draft_probs`: the distribution each draft token was drawn from.
+        """
         self.runner.check_token_ids(draft_ids, "draft_ids")
+        if not seq.sampling.is_greedy:
+            check_draft_probs(draft_ids, draft_probs or [], self.runner.description.vocab_size)
         if len(seq.token_ids) + len(draft_ids) > seq.max_len:
             raise InvalidRequestError(
                 f"verify of {len(draft_ids)} draft tokens would pass the sequence's limit of "
                 f"{seq.max_len} tokens (prompt + max_new_tokens); {len(seq.token_ids)} are committed"
             )
-        outcome = await self._loop.submit(_Job(seq, list(draft_ids)))
+        outcome = await self._loop.submit(_Job(seq, list(draft_ids), draft_probs))
         return outcome.verification, outcome.timing
 
     def release(self, seq: TargetSequence) -> None:
@@ -174,12 +185,16 @@ def _step_input(job: _Job, budget: int) -> StepInput | None:
 
 
 def _commit(job: _Job, logits: torch.Tensor) -> Verification:
-    seq = job.seq
+    seq, sampling = job.seq, job.seq.sampling
+    position = len(seq.token_ids)  # of the first new token
     if job.draft_ids is None:
-        first = int(logits[-1].argmax())
+        first = int(logits[-1].argmax()) if sampling.is_greedy else sample_token(logits[-1], sampling, position)
         seq.token_ids.append(first)
         return Verification(num_accepted=0, committed_ids=[first])
-    verification = verify_greedy(torch.tensor(job.draft_ids, device=logits.device), logits)
+    if sampling.is_greedy:
+        verification = verify_greedy(torch.tensor(job.draft_ids, dtype=torch.long, device=logits.device), logits)
+    else:
+        verification = verify_sampled(job.draft_ids, job.draft_probs or [], logits, sampling, position)
     seq.token_ids += verification.committed_ids
     seq.kv.truncate(len(seq.token_ids) - 1)  # drop rejected drafts; the last token is fed next time
     return verification

@@ -8,7 +8,7 @@ import grpc
 from engine.target_engine import StepTiming, TargetEngine, TargetSequence
 from engine.tokenizer_info import tokenizer_files
 from specdec.errors import InvalidRequestError
-from specdec.messages import model_info_pb
+from specdec.messages import distributions, model_info_pb, sampling_params
 from specdec.v1 import common_pb2, target_pb2, target_pb2_grpc
 
 
@@ -26,11 +26,13 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
                 command = request.WhichOneof("command")
                 if command == "prefill" and seq is None:
                     seq, token_id, timing = await self._engine.prefill(
-                        list(request.prefill.prompt_ids), request.prefill.max_new_tokens
+                        list(request.prefill.prompt_ids), request.prefill.max_new_tokens,
+                        sampling_params(request.prefill.sampling),
                     )
                     yield _response(timing, prefill=target_pb2.PrefillResult(token_id=token_id))
                 elif command == "verify" and seq is not None:
-                    verification, timing = await self._engine.verify(seq, list(request.verify.draft_ids))
+                    verification, timing = await self._engine.verify(
+                        seq, list(request.verify.draft_ids), distributions(request.verify.draft_probs))
                     result = target_pb2.VerifyResult(
                         num_accepted_draft_tokens=verification.num_accepted,
                         committed_ids=verification.committed_ids,

@@ -3,15 +3,17 @@ proposes, for mixed pending lengths and mixed k in one batch (run uncaptured her
 in test_cuda_graphs_gpu.py runs the captured graphs the same way)."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 from engine.batch import StepInput
 from engine.draft_loop import DraftLoop
 from engine.model_runner import ModelRunner, RuntimeConfig
+from engine.sampling import SamplingParams
 
 
 def check_device_loop_matches_stepwise(device_loop: DraftLoop, stepwise: DraftLoop, num_rounds: int = 8,
-                                       seed: int = 1) -> None:
+                                       seed: int = 1, sampled: bool = False) -> None:
     runners = {device_loop: device_loop._runner, stepwise: stepwise._runner}
     prompts = [list(range(5, 5 + n)) for n in (12, 30, 7, 17, 3)]
     seqs = {loop: [r.kv.new_sequence() for _ in prompts] for loop, r in runners.items()}
@@ -24,10 +26,15 @@ def check_device_loop_matches_stepwise(device_loop: DraftLoop, stepwise: DraftLo
         batch = sorted(torch.randperm(len(prompts), generator=gen)[: 1 + round_ % len(prompts)].tolist())
         pending = [[rand(0, 300) for _ in range(4 if round_ == 5 else rand(1, 3))] for _ in batch]
         num_tokens = [rand(1, 8) for _ in batch]
-        out = {loop: loop.propose([StepInput(seqs[loop][i], p, 1) for i, p in zip(batch, pending)], num_tokens)
+        sampling = [SamplingParams(temperature=rand(0, 3) / 2, top_p=0.9, seed=i) for i in batch] if sampled else None
+        out = {loop: loop.propose([StepInput(seqs[loop][i], p, 1) for i, p in zip(batch, pending)], num_tokens, sampling)
                for loop in runners}
-        assert out[device_loop] == out[stepwise], f"round {round_}"
-        assert [len(p) for p in out[device_loop]] == num_tokens
+        for a, b in zip(out[device_loop], out[stepwise]):
+            assert a.token_ids == b.token_ids, f"round {round_}"
+            assert [ids for ids, _ in a.probs] == [ids for ids, _ in b.probs]
+            for (_, qa), (_, qb) in zip(a.probs, b.probs):
+                torch.testing.assert_close(torch.tensor(qa), torch.tensor(qb))
+        assert [len(p.token_ids) for p in out[device_loop]] == num_tokens
         for i, p, n in zip(batch, pending, num_tokens):  # keep some proposals, as a verify does
             kept = starts[i] + len(p) + rand(0, n)
             for loop in runners:  # the device loop fed every sequence up to the batch's longest proposal
@@ -37,7 +44,8 @@ def check_device_loop_matches_stepwise(device_loop: DraftLoop, stepwise: DraftLo
         kv.release()
 
 
-def test_device_loop_proposes_what_the_stepwise_loop_proposes(model_dirs):
+@pytest.mark.parametrize("sampled", [False, True])
+def test_device_loop_proposes_what_the_stepwise_loop_proposes(model_dirs, sampled):
     runner = lambda: ModelRunner(RuntimeConfig(model=str(model_dirs["perturbed"]), kv_cache_tokens=4096))  # noqa: E731
     device_loop, stepwise = DraftLoop(runner(), device_loop=True), DraftLoop(runner(), device_loop=False)
-    check_device_loop_matches_stepwise(device_loop, stepwise)
+    check_device_loop_matches_stepwise(device_loop, stepwise, sampled=sampled)
