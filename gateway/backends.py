@@ -144,6 +144,9 @@ class RequestStreams:
     def open_target(self) -> TargetStream:
         return self._remember(self._backends.open_target(self._timeout_s))
 
+    async def wait_for_target(self) -> bool:
+        return await self._backends.wait_for_target()
+
     def open_draft(self) -> DraftStream | None:
         """A new draft stream, or None when the request does not speculate."""
         if not self.use_draft:
@@ -167,14 +170,16 @@ class Backends:
     """Channels to the target pool and (optionally) the draft pool, load-balanced by gRPC."""
 
     def __init__(self, target_address: str, draft_address: str | None, draft_step_timeout_s: float | None = None,
-                 credentials: grpc.ChannelCredentials | None = None) -> None:
+                 target_failover_timeout_s: float = 5.0, credentials: grpc.ChannelCredentials | None = None) -> None:
         """`draft_step_timeout_s`: a draft that takes longer to answer is dropped from the request;
-        `credentials`: TLS (or mTLS) to both services; None: plaintext."""
+        `target_failover_timeout_s`: how long a request that lost its target replica waits for a
+        connected one; `credentials`: TLS (or mTLS) to both services; None: plaintext."""
         self._target_channel = open_channel(target_address, credentials)
         self._target = target_pb2_grpc.TargetServiceStub(self._target_channel)
         self._draft_channel = open_channel(draft_address, credentials) if draft_address else None
         self._draft = draft_pb2_grpc.DraftServiceStub(self._draft_channel) if self._draft_channel else None
         self._draft_step_timeout_s = draft_step_timeout_s
+        self._target_failover_timeout_s = target_failover_timeout_s
         self.target_info: common_pb2.ModelInfo | None = None
         self.draft_info: common_pb2.ModelInfo | None = None
 
@@ -196,6 +201,18 @@ class Backends:
         if self.draft_info is not None:
             check_compatible(self.target_info, self.draft_info)
         return tokenizer_from_files(dict(files.files))
+
+    async def wait_for_target(self) -> bool:
+        """Whether some target replica is connected, or becomes so within the failover timeout
+        (a restarted replica is reconnected within the channel's reconnect backoff)."""
+        channel = self._target_channel
+        try:
+            async with asyncio.timeout(self._target_failover_timeout_s):
+                while (state := channel.get_state(try_to_connect=True)) != grpc.ChannelConnectivity.READY:
+                    await channel.wait_for_state_change(state)
+        except TimeoutError:
+            return False
+        return True
 
     def open_target(self, timeout_s: float | None = None) -> TargetStream:
         """A stream for the current request (its request id travels in the metadata); gRPC's

@@ -16,8 +16,10 @@ class GatewayConfig:
     connect_timeout_s: float = 600.0  # model services may still be loading weights
     served_model_name: str | None = None  # the OpenAI API's model name; None: the target's model id
     # Faults: a draft that does not answer a step within this time is dropped from the request
-    # (it decodes on target-only); a request re-prefills on another target replica at most this often.
+    # (it decodes on target-only); a request that lost its target replica waits this long for a
+    # connected one, and re-prefills on another replica at most max_target_retries times.
     draft_step_timeout_s: float = 10.0
+    target_failover_timeout_s: float = 5.0
     max_target_retries: int = 2
 
     def __post_init__(self) -> None:
@@ -25,5 +27,5 @@ class GatewayConfig:
             raise ValueError("default_num_draft_tokens must be in [0, max_num_draft_tokens]")
         if self.default_max_new_tokens < 1:
             raise ValueError("default_max_new_tokens must be >= 1")
-        if self.draft_step_timeout_s <= 0 or self.max_target_retries < 0:
-            raise ValueError("draft_step_timeout_s must be > 0 and max_target_retries >= 0")
+        if self.draft_step_timeout_s <= 0 or self.target_failover_timeout_s < 0 or self.max_target_retries < 0:
+            raise ValueError("draft_step_timeout_s must be > 0, target_failover_timeout_s and max_target_retries >= 0")

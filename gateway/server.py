@@ -26,7 +26,8 @@ async def start_gateway_server(
     `metrics_port` / `http_port`: serve Prometheus metrics / the OpenAI API there (0: a free port,
     None: not at all); the bound ports are on the returned server.
     """
-    backends = Backends(config.target_address, config.draft_address, config.draft_step_timeout_s)
+    backends = Backends(config.target_address, config.draft_address, config.draft_step_timeout_s,
+                        config.target_failover_timeout_s)
     try:
         tokenizer = await backends.connect(config.connect_timeout_s)
     except BaseException:

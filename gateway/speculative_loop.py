@@ -44,23 +44,26 @@ async def speculative_generate(
     `max_target_retries` times; then ServiceUnavailableError (the tokens yielded so far stay valid).
     """
     generated: list[int] = []
-    num_retries = 0
-    while len(generated) < max_new_tokens:
+    lost: TargetLost | None = None
+    for _ in range(max_target_retries + 1):
+        if not await streams.wait_for_target():
+            raise ServiceUnavailableError(
+                f"no target replica is reachable ({lost or 'none connected'}); the {len(generated)} token(s) "
+                "already streamed are valid, retry for the rest")
         try:
             steps = _decode(prompt_ids + generated, max_new_tokens - len(generated), num_draft_tokens, streams)
             async with aclosing(steps):
                 async for step in steps:
                     generated += step.committed_ids
                     yield step
-        except TargetLost as lost:
-            if num_retries == max_target_retries:
-                raise ServiceUnavailableError(
-                    f"no target replica could continue the request after {num_retries} re-prefill(s) ({lost}); "
-                    f"the {len(generated)} token(s) already streamed are valid, retry for the rest"
-                ) from lost
-            num_retries += 1
+            return
+        except TargetLost as e:
+            lost = e
             log.warning("%s; re-prefilling %d committed tokens on another replica", lost,
                         len(prompt_ids) + len(generated))
+    raise ServiceUnavailableError(
+        f"no target replica could continue the request after {max_target_retries} re-prefill(s) ({lost}); "
+        f"the {len(generated)} token(s) already streamed are valid, retry for the rest")
 
 
 async def _decode(

@@ -26,8 +26,9 @@ def all_replicas_up(cluster):
 
 
 @pytest.fixture(scope="module")
-def reference(cluster_gateway) -> list[int]:
+def reference(cluster, cluster_gateway) -> list[int]:
     """The undisturbed greedy output, target-only."""
+    cluster.ensure_running()
     token_ids, _, _ = generate(cluster_gateway, prompt=PROMPT, max_new_tokens=MAX_NEW_TOKENS, num_draft_tokens=0)
     assert len(token_ids) > 100
     return token_ids
