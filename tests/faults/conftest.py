@@ -71,7 +71,7 @@ class Replica:
     def spawn(self) -> None:
         self._ready_file.unlink(missing_ok=True)
         command = [sys.executable, "-m", self.module, "--port", str(self.port), "--ready-file", str(self._ready_file),
-                   "--log-level", "WARNING", "--num-threads", "1", *self.args]
+                   "--log-level", "WARNING", *self.args]
         self.process = subprocess.Popen(command)
 
     def start(self) -> None:
@@ -169,7 +169,7 @@ class Cluster:
 @pytest.fixture(scope="session")
 def cluster(tmp_path_factory, long_models):
     workdir = tmp_path_factory.mktemp("cluster")
-    kv = ["--kv-cache-tokens", "16384"]
+    kv = ["--kv-cache-tokens", "16384", "--num-threads", "1"]
     targets = [Replica(f"target{i}", "target_service", ["--model", str(long_models["target"]), *kv], workdir)
                for i in range(2)]
     drafts = [Replica(f"draft{i}", "draft_service",
@@ -183,12 +183,17 @@ def cluster(tmp_path_factory, long_models):
 
 
 @pytest.fixture(scope="session")
-def cluster_gateway(loop, cluster):
+def cluster_gateway_port(loop, cluster) -> int:
     """A gateway over both pools; a draft that is silent for 1 s is dropped from the request."""
     config = GatewayConfig(target_address="ipv4:" + ",".join(t.address for t in cluster.targets),
                            draft_address="ipv4:" + ",".join(d.address for d in cluster.drafts),
                            default_num_draft_tokens=3, draft_step_timeout_s=1.0, connect_timeout_s=60)
     server = loop.run(start_gateway_server(config))
-    with grpc.insecure_channel(f"127.0.0.1:{server.port}") as c:
-        yield gateway_pb2_grpc.GatewayStub(c)
+    yield server.port
     loop.run(server.stop())
+
+
+@pytest.fixture(scope="session")
+def cluster_gateway(cluster_gateway_port):
+    with grpc.insecure_channel(f"127.0.0.1:{cluster_gateway_port}") as c:
+        yield gateway_pb2_grpc.GatewayStub(c)

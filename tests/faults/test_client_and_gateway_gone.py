@@ -1,0 +1,96 @@
+"""When the client goes (cancel, disconnect, deadline) or the gateway dies, both model streams end
+and every KV block goes back to the pool on both services."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import grpc
+import pytest
+from conftest import Replica
+from harness import generate
+
+from specdec.v1 import gateway_pb2, gateway_pb2_grpc
+
+PROMPT = "The quick brown fox jumps over the lazy dog."
+REQUEST = dict(prompt=PROMPT, max_new_tokens=1500, num_draft_tokens=3)
+# A client process that streams one long request and prints each chunk's token count as it comes.
+CLIENT = """
+import sys, grpc
+from specdec.v1 import gateway_pb2, gateway_pb2_grpc
+stub = gateway_pb2_grpc.GatewayStub(grpc.insecure_channel(sys.argv[1]))
+for chunk in stub.Generate(gateway_pb2.GenerateRequest(prompt=sys.argv[2], max_new_tokens=1500, num_draft_tokens=3)):
+    print(len(chunk.token_ids), flush=True)
+"""
+
+
+@pytest.fixture(autouse=True)
+def all_replicas_up(cluster):
+    cluster.ensure_running()
+    cluster.wait_idle()
+
+
+def _wait_holding(cluster) -> None:
+    """Until one target and one draft hold the request's sequence."""
+    deadline = time.monotonic() + 30
+    while True:
+        holding = [r for r in cluster.replicas if r.engine_stats().num_kv_blocks_used > 0]
+        if len(holding) == 2:
+            return
+        assert time.monotonic() < deadline, "the request never held KV on both services"
+        time.sleep(0.02)
+
+
+def test_client_cancel_frees_kv_on_both_services(cluster, cluster_gateway):
+    call = cluster_gateway.Generate(gateway_pb2.GenerateRequest(**REQUEST), timeout=300)
+    next(call)
+    _wait_holding(cluster)
+    call.cancel()
+    cluster.wait_idle()
+
+
+def test_client_deadline_frees_kv_on_both_services(cluster, cluster_gateway):
+    call = cluster_gateway.Generate(gateway_pb2.GenerateRequest(**REQUEST), timeout=1.0)
+    next(call)
+    _wait_holding(cluster)
+    with pytest.raises(grpc.RpcError) as info:
+        list(call)
+    assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    cluster.wait_idle()
+
+
+def test_client_process_killed_mid_stream_frees_kv_on_both_services(cluster, cluster_gateway_port):
+    client = subprocess.Popen([sys.executable, "-c", CLIENT, f"127.0.0.1:{cluster_gateway_port}", PROMPT],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert client.stdout.readline().strip()  # it is streaming
+        _wait_holding(cluster)
+        client.kill()  # the connection just breaks
+    finally:
+        client.kill()
+        client.wait(30)
+    cluster.wait_idle()
+
+
+def test_gateway_killed_mid_request_frees_its_sequences_and_a_new_gateway_serves(cluster, tmp_path):
+    args = ["--target", "ipv4:" + ",".join(t.address for t in cluster.targets),
+            "--draft", "ipv4:" + ",".join(d.address for d in cluster.drafts)]
+    gateway = Replica("gateway", "gateway", args, tmp_path)
+    try:
+        gateway.start()
+        with grpc.insecure_channel(gateway.address) as channel:
+            call = gateway_pb2_grpc.GatewayStub(channel).Generate(gateway_pb2.GenerateRequest(**REQUEST), timeout=300)
+            next(call)
+            _wait_holding(cluster)
+            gateway.kill()  # SIGKILL: the model services see the streams' connection break
+            with pytest.raises(grpc.RpcError):
+                list(call)
+        cluster.wait_idle()
+        gateway.start()  # the restarted gateway (same port) serves as before
+        with grpc.insecure_channel(gateway.address) as channel:
+            token_ids, _, final = generate(gateway_pb2_grpc.GatewayStub(channel), prompt=PROMPT, max_new_tokens=16)
+        assert len(token_ids) == final.stats.num_completion_tokens == 16
+    finally:
+        gateway.stop()
+    cluster.wait_idle()
