@@ -8,10 +8,13 @@ from dataclasses import dataclass
 import grpc
 from transformers import PreTrainedTokenizerBase
 
+from engine.sampling import Distribution, SamplingParams
 from engine.tokenizer_info import tokenizer_from_files
 from specdec.errors import IncompatibleModelsError, ServiceUnavailableError
+from specdec.messages import distributions, distributions_pb, sampling_params_pb
 from specdec.request_id import request_id_metadata
 from specdec.serving import open_channel
+from specdec.tls import ClientTls
 from specdec.v1 import common_pb2, draft_pb2, draft_pb2_grpc, target_pb2, target_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -21,6 +24,12 @@ log = logging.getLogger(__name__)
 class Verified:
     num_accepted: int
     committed_ids: list[int]
+
+
+@dataclass(frozen=True)
+class Proposal:
+    token_ids: list[int]
+    probs: list[Distribution]  # sampled requests: the distribution each token was drawn from
 
 
 class StreamLost(ServiceUnavailableError):
@@ -86,13 +95,15 @@ class _BidiStream:
 
 
 class TargetStream(_BidiStream):
-    async def prefill(self, prompt_ids: list[int], max_new_tokens: int) -> int:
-        command = target_pb2.PrefillCommand(prompt_ids=prompt_ids, max_new_tokens=max_new_tokens)
+    async def prefill(self, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingParams) -> int:
+        command = target_pb2.PrefillCommand(prompt_ids=prompt_ids, max_new_tokens=max_new_tokens,
+                                            sampling=sampling_params_pb(sampling))
         response = await self.ask(target_pb2.TargetRequest(prefill=command))
         return response.prefill.token_id
 
-    async def verify(self, draft_ids: list[int]) -> Verified:
-        response = await self.ask(target_pb2.TargetRequest(verify=target_pb2.VerifyCommand(draft_ids=draft_ids)))
+    async def verify(self, proposal: Proposal) -> Verified:
+        command = target_pb2.VerifyCommand(draft_ids=proposal.token_ids, draft_probs=distributions_pb(proposal.probs))
+        response = await self.ask(target_pb2.TargetRequest(verify=command))
         return Verified(response.verify.num_accepted_draft_tokens, list(response.verify.committed_ids))
 
     def _is_lost(self, code: grpc.StatusCode) -> bool:
@@ -108,17 +119,17 @@ class DraftStream(_BidiStream):
         super().__init__(call, "draft", step_timeout_s)
         self._draft_model = draft_model
 
-    async def start(self, prompt_ids: list[int], max_new_tokens: int) -> None:
+    async def start(self, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingParams) -> None:
         command = draft_pb2.StartCommand(prompt_ids=prompt_ids, max_new_tokens=max_new_tokens,
-                                         draft_model=self._draft_model)
+                                         draft_model=self._draft_model, sampling=sampling_params_pb(sampling))
         await self.ask(draft_pb2.DraftRequest(start=command))
 
-    async def propose(self, num_accepted: int, append_ids: list[int], num_draft_tokens: int) -> list[int]:
+    async def propose(self, num_accepted: int, append_ids: list[int], num_draft_tokens: int) -> Proposal:
         command = draft_pb2.ProposeCommand(
             num_accepted_draft_tokens=num_accepted, append_ids=append_ids, num_draft_tokens=num_draft_tokens
         )
         response = await self.ask(draft_pb2.DraftRequest(propose=command))
-        return list(response.proposal.draft_ids)
+        return Proposal(list(response.proposal.draft_ids), distributions(response.proposal.draft_probs))
 
     def _is_lost(self, code: grpc.StatusCode) -> bool:
         return code not in DRAFT_REQUEST_ERRORS
@@ -170,13 +181,13 @@ class Backends:
     """Channels to the target pool and (optionally) the draft pool, load-balanced by gRPC."""
 
     def __init__(self, target_address: str, draft_address: str | None, draft_step_timeout_s: float | None = None,
-                 target_failover_timeout_s: float = 5.0, credentials: grpc.ChannelCredentials | None = None) -> None:
+                 target_failover_timeout_s: float = 5.0, tls: ClientTls | None = None) -> None:
         """`draft_step_timeout_s`: a draft that takes longer to answer is dropped from the request;
         `target_failover_timeout_s`: how long a request that lost its target replica waits for a
-        connected one; `credentials`: TLS (or mTLS) to both services; None: plaintext."""
-        self._target_channel = open_channel(target_address, credentials)
+        connected one; `tls`: TLS (or mTLS) to both services; None: plaintext."""
+        self._target_channel = open_channel(target_address, tls)
         self._target = target_pb2_grpc.TargetServiceStub(self._target_channel)
-        self._draft_channel = open_channel(draft_address, credentials) if draft_address else None
+        self._draft_channel = open_channel(draft_address, tls) if draft_address else None
         self._draft = draft_pb2_grpc.DraftServiceStub(self._draft_channel) if self._draft_channel else None
         self._draft_step_timeout_s = draft_step_timeout_s
         self._target_failover_timeout_s = target_failover_timeout_s

@@ -8,6 +8,7 @@ from gateway.config import GatewayConfig
 from gateway.server import run
 from specdec.cli_args import add_server_args, env_default, setup_logging
 from specdec.errors import SpecdecError
+from specdec.tls import add_client_tls_args, add_server_tls_args, client_tls_config
 
 PREFIX = "SPECDEC_GATEWAY"
 
@@ -21,6 +22,9 @@ def main(argv: list[str] | None = None) -> None:
                         help="draft service address; 'none' decodes target-only")
     parser.add_argument("--num-draft-tokens", type=int, default=env_default(PREFIX, "num_draft_tokens", 4),
                         help="default k per request")
+    parser.add_argument("--adaptive-num-draft-tokens", action=argparse.BooleanOptionalAction,
+                        default=env_default(PREFIX, "adaptive_num_draft_tokens", "1") not in ("0", "false", "no"),
+                        help="choose k per step for requests that do not pin it, up to --num-draft-tokens")
     parser.add_argument("--max-num-draft-tokens", type=int, default=env_default(PREFIX, "max_num_draft_tokens", 16))
     parser.add_argument("--default-max-new-tokens", type=int, default=env_default(PREFIX, "default_max_new_tokens", 256))
     parser.add_argument("--http-port", type=int, default=env_default(PREFIX, "http_port", None),
@@ -28,21 +32,56 @@ def main(argv: list[str] | None = None) -> None:
                              "on this port; unset: off, 0: a free port")
     parser.add_argument("--served-model-name", default=env_default(PREFIX, "served_model_name", None),
                         help="the model name OpenAI clients send; default: the target's model id")
+    limits = parser.add_argument_group("limits (beyond them: INVALID_ARGUMENT or RESOURCE_EXHAUSTED)")
+    limits.add_argument("--max-prompt-tokens", type=int, default=env_default(PREFIX, "max_prompt_tokens", None),
+                        help="longest prompt in tokens; unset: the model's context")
+    limits.add_argument("--max-new-tokens-limit", type=int, default=env_default(PREFIX, "max_new_tokens_limit", None),
+                        help="largest max_new_tokens a request may ask for; unset: the model's context")
+    limits.add_argument("--max-request-bytes", type=int,
+                        default=env_default(PREFIX, "max_request_bytes", 4 * 1024 * 1024))
+    limits.add_argument("--max-concurrent-requests", type=int,
+                        default=env_default(PREFIX, "max_concurrent_requests", 256), help="requests generating at once")
+    limits.add_argument("--max-queued-requests", type=int, default=env_default(PREFIX, "max_queued_requests", 1024),
+                        help="requests waiting for a slot; more are refused with RESOURCE_EXHAUSTED")
+    faults = parser.add_argument_group("faults")
+    faults.add_argument("--draft-step-timeout-s", type=float, default=env_default(PREFIX, "draft_step_timeout_s", 10.0),
+                        help="a draft silent this long is dropped from the request (it goes on target-only)")
+    faults.add_argument("--target-failover-timeout-s", type=float,
+                        default=env_default(PREFIX, "target_failover_timeout_s", 5.0),
+                        help="how long a request waits for a connected target replica before UNAVAILABLE")
+    faults.add_argument("--max-target-retries", type=int, default=env_default(PREFIX, "max_target_retries", 2),
+                        help="re-prefills on another target replica per request after a lost one")
+    add_server_tls_args(parser, PREFIX)
+    add_client_tls_args(parser, PREFIX)
     args = parser.parse_args(argv)
     setup_logging(args.log_level, args.log_format)
     config = GatewayConfig(
         target_address=args.target,
         draft_address=None if args.draft in ("", "none") else args.draft,
         default_num_draft_tokens=int(args.num_draft_tokens),
+        adaptive_num_draft_tokens=args.adaptive_num_draft_tokens,
         max_num_draft_tokens=int(args.max_num_draft_tokens),
         default_max_new_tokens=int(args.default_max_new_tokens),
         served_model_name=args.served_model_name or None,
+        max_prompt_tokens=_optional_int(args.max_prompt_tokens),
+        max_new_tokens_limit=_optional_int(args.max_new_tokens_limit),
+        max_request_bytes=int(args.max_request_bytes),
+        max_concurrent_requests=int(args.max_concurrent_requests),
+        max_queued_requests=int(args.max_queued_requests),
+        draft_step_timeout_s=float(args.draft_step_timeout_s),
+        target_failover_timeout_s=float(args.target_failover_timeout_s),
+        max_target_retries=int(args.max_target_retries),
+        backend_tls=client_tls_config(args),
     )
     try:
         run(args, config)
     except SpecdecError as e:  # e.g. an incompatible draft/target pair: say why and exit non-zero
         print(f"specdec-gateway: {e}", file=sys.stderr)
         sys.exit(2)
+
+
+def _optional_int(value: str | int | None) -> int | None:
+    return int(value) if value not in (None, "") else None
 
 
 if __name__ == "__main__":

@@ -3,12 +3,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from specdec.tls import ClientTls
+
 
 @dataclass(frozen=True)
 class GatewayConfig:
     target_address: str  # e.g. "127.0.0.1:50052" or "dns:///target:50052" (all replicas)
     draft_address: str | None  # None: no draft service, every request decodes target-only
     default_num_draft_tokens: int = 4  # measured best for the n-gram drafter on CPU (bench/cpu_smollm2)
+    # requests that do not pin num_draft_tokens get k per step from gateway/speculation_policy.py,
+    # up to default_num_draft_tokens; False: always default_num_draft_tokens
+    adaptive_num_draft_tokens: bool = True
     max_num_draft_tokens: int = 16
     default_max_new_tokens: int = 256
     max_stop_strings: int = 16
@@ -18,14 +23,29 @@ class GatewayConfig:
     # Faults: a draft that does not answer a step within this time is dropped from the request
     # (it decodes on target-only); a request that lost its target replica waits this long for a
     # connected one, and re-prefills on another replica at most max_target_retries times.
+    # Limits, each refused with a status and a message: prompt tokens (None: the model's context),
+    # max_new_tokens, the request message's bytes (RESOURCE_EXHAUSTED from gRPC), requests
+    # generating at once and requests waiting for a slot (beyond both: RESOURCE_EXHAUSTED).
+    max_prompt_tokens: int | None = None
+    max_new_tokens_limit: int | None = None
+    max_request_bytes: int = 4 * 1024 * 1024
+    max_concurrent_requests: int = 256
+    max_queued_requests: int = 1024
     draft_step_timeout_s: float = 10.0
     target_failover_timeout_s: float = 5.0
     max_target_retries: int = 2
+    backend_tls: ClientTls | None = None  # TLS (mTLS with a client certificate) to the model services
 
     def __post_init__(self) -> None:
         if not 0 <= self.default_num_draft_tokens <= self.max_num_draft_tokens:
             raise ValueError("default_num_draft_tokens must be in [0, max_num_draft_tokens]")
         if self.default_max_new_tokens < 1:
             raise ValueError("default_max_new_tokens must be >= 1")
+        if self.max_new_tokens_limit is not None and not 1 <= self.default_max_new_tokens <= self.max_new_tokens_limit:
+            raise ValueError("default_max_new_tokens must be in [1, max_new_tokens_limit]")
+        if min(self.max_prompt_tokens or 1, self.max_request_bytes, self.max_concurrent_requests) < 1 \
+                or self.max_queued_requests < 0:
+            raise ValueError("max_prompt_tokens, max_request_bytes, max_concurrent_requests must be >= 1, "
+                             "max_queued_requests >= 0")
         if self.draft_step_timeout_s <= 0 or self.target_failover_timeout_s < 0 or self.max_target_retries < 0:
             raise ValueError("draft_step_timeout_s must be > 0, target_failover_timeout_s and max_target_retries >= 0")

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import grpc
 from transformers import PreTrainedTokenizerBase
 
+from gateway.admission import RequestAdmission
 from gateway.backends import Backends, DraftStream, RequestStreams, TargetStream
 from gateway.config import GatewayConfig
 from gateway.metrics import (
@@ -23,6 +24,7 @@ from gateway.metrics import (
 )
 from gateway.output import CompletionOutput, Finish
 from gateway.request import GenerationParams, parse_request
+from gateway.speculation_policy import SpeculationPolicy
 from gateway.speculative_loop import speculative_generate
 from gateway.stats import RequestStats
 from specdec.errors import InvalidRequestError, ServiceUnavailableError
@@ -53,19 +55,28 @@ class Driver:
         lengths = [info.max_model_len for info in (backends.target_info, backends.draft_info) if info]
         self.max_model_len = min(lengths)
         self._eos_token_ids = list(backends.target_info.eos_token_ids)
+        self._admission = RequestAdmission(config.max_concurrent_requests, config.max_queued_requests)
 
     def prepare(self, request: gateway_pb2.GenerateRequest, api: str) -> GenerationParams:
         """Validates and tokenizes; raises InvalidRequestError with a message for the client."""
         try:
-            return parse_request(request, self.tokenizer, self._config, self.max_model_len)
+            params = parse_request(request, self.tokenizer, self._config, self.max_model_len)
+            _check_limits(params, self._config)
+            return params
         except InvalidRequestError:
             self.metrics.requests.labels(api, OUTCOME_INVALID).inc()
             raise
 
     async def generate(self, params: GenerationParams, api: str, timeout_s: float | None = None) -> AsyncIterator[Delta]:
-        """Streams the completion; iterate it inside `contextlib.aclosing` so an early stop frees
-        the model streams at once. `timeout_s`: the client's remaining deadline, passed on to the
-        model streams."""
+        """Streams the completion once the request is admitted (CapacityError when the gateway's
+        queue is full); iterate it inside `contextlib.aclosing` so an early stop frees the model
+        streams at once. `timeout_s`: the client's remaining deadline, passed on to the model streams."""
+        async with self._admission.slot():
+            async with aclosing(self._generate(params, api, timeout_s)) as deltas:
+                async for delta in deltas:
+                    yield delta
+
+    async def _generate(self, params: GenerationParams, api: str, timeout_s: float | None) -> AsyncIterator[Delta]:
         stats = RequestStats(num_prompt_tokens=len(params.prompt_ids), request_id=current_request_id())
         output = CompletionOutput(self.tokenizer, params.prompt_ids, params.max_new_tokens, params.stop,
                                   self._eos_token_ids)
@@ -74,8 +85,9 @@ class Driver:
         gauge = self.metrics.waiting
         gauge.inc()
         try:
+            policy = SpeculationPolicy(params.num_draft_tokens) if params.adaptive else None
             steps = speculative_generate(params.prompt_ids, params.max_new_tokens, params.num_draft_tokens,
-                                         streams, self._config.max_target_retries)
+                                         streams, self._config.max_target_retries, params.sampling, policy)
             async with aclosing(steps):
                 async for step in steps:
                     if stats.first_token_s is None:
@@ -113,6 +125,16 @@ class Driver:
         log.info("finished: %d prompt + %d completion tokens, %d/%d draft tokens accepted, %.1f tok/s",
                  stats.num_prompt_tokens, num_completion_tokens, stats.num_accepted_tokens,
                  stats.num_draft_tokens, stats.tokens_per_s(num_completion_tokens))
+
+
+def _check_limits(params: GenerationParams, config: GatewayConfig) -> None:
+    """The gateway's own limits, stricter than the model's context where configured."""
+    if config.max_prompt_tokens is not None and len(params.prompt_ids) > config.max_prompt_tokens:
+        raise InvalidRequestError(f"the prompt is {len(params.prompt_ids)} tokens; this gateway accepts at most "
+                                  f"{config.max_prompt_tokens}. Shorten the prompt.")
+    if config.max_new_tokens_limit is not None and params.max_new_tokens > config.max_new_tokens_limit:
+        raise InvalidRequestError(f"max_new_tokens is {params.max_new_tokens}; this gateway allows at most "
+                                  f"{config.max_new_tokens_limit}")
 
 
 def _outcome_of(error: Exception) -> str:

@@ -12,6 +12,7 @@ from gateway.driver import Driver
 from gateway.metrics import GatewayMetrics
 from gateway.servicer import GatewayServicer
 from specdec.serving import RunningServer, serve_until_signal, start_server
+from specdec.tls import ServerTls, server_tls_config
 from specdec.v1 import gateway_pb2, gateway_pb2_grpc
 
 SERVICE_NAME = gateway_pb2.DESCRIPTOR.services_by_name["Gateway"].full_name
@@ -19,15 +20,15 @@ SERVICE_NAME = gateway_pb2.DESCRIPTOR.services_by_name["Gateway"].full_name
 
 async def start_gateway_server(
     config: GatewayConfig, host: str = "127.0.0.1", port: int = 0, ready_file: Path | None = None,
-    metrics_port: int | None = None, http_port: int | None = None,
+    metrics_port: int | None = None, http_port: int | None = None, tls: ServerTls | None = None,
 ) -> RunningServer:
     """Raises IncompatibleModelsError / ServiceUnavailableError before serving anything.
 
     `metrics_port` / `http_port`: serve Prometheus metrics / the OpenAI API there (0: a free port,
-    None: not at all); the bound ports are on the returned server.
+    None: not at all); the bound ports are on the returned server. `tls`: serve gRPC over TLS.
     """
     backends = Backends(config.target_address, config.draft_address, config.draft_step_timeout_s,
-                        config.target_failover_timeout_s)
+                        config.target_failover_timeout_s, config.backend_tls)
     try:
         tokenizer = await backends.connect(config.connect_timeout_s)
     except BaseException:
@@ -56,7 +57,8 @@ async def start_gateway_server(
     server = await start_server(
         lambda server: gateway_pb2_grpc.add_GatewayServicer_to_server(servicer, server),
         [SERVICE_NAME], host, port, ready_file, cleanup=cleanup,
-        metrics_registry=metrics.registry, metrics_port=metrics_port,
+        metrics_registry=metrics.registry, metrics_port=metrics_port, max_receive_bytes=config.max_request_bytes,
+        credentials=tls.credentials() if tls else None,
     )
     if http is not None:
         await http.start()
@@ -66,4 +68,4 @@ async def start_gateway_server(
 
 def run(args: argparse.Namespace, config: GatewayConfig) -> None:
     asyncio.run(serve_until_signal(lambda: start_gateway_server(
-        config, args.host, args.port, args.ready_file, args.metrics_port, args.http_port)))
+        config, args.host, args.port, args.ready_file, args.metrics_port, args.http_port, server_tls_config(args))))

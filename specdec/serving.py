@@ -29,6 +29,7 @@ from specdec.errors import (
 )
 from specdec.metrics import MetricsServer, start_metrics_server
 from specdec.request_id import RequestIdInterceptor
+from specdec.tls import ClientTls
 
 log = logging.getLogger(__name__)
 
@@ -43,9 +44,8 @@ STATUS_OF_ERROR: dict[type[SpecdecError], grpc.StatusCode] = {
 }
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # tokenizer files of large vocabularies reach ~10 MB
-SERVER_OPTIONS = [
+SERVER_OPTIONS = [  # the receive limit is start_server's max_receive_bytes
     ("grpc.so_reuseport", 0),  # a stale server must not silently share our port
-    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     # Clients reconnect (and re-resolve DNS, finding replicas added since) after this age; open
     # streams are not cut: the grace period is unbounded by default.
@@ -87,12 +87,12 @@ CHANNEL_OPTIONS = [
 ]
 
 
-def open_channel(address: str, credentials: grpc.ChannelCredentials | None = None) -> grpc.aio.Channel:
+def open_channel(address: str, tls: ClientTls | None = None) -> grpc.aio.Channel:
     """An asyncio channel to a model service pool (`dns:///NAME:PORT` or `ipv4:A:P,B:Q` list every
-    replica); TLS when `credentials` are given."""
-    if credentials is None:
+    replica); TLS (mTLS with a client certificate) when `tls` is given."""
+    if tls is None:
         return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
-    return grpc.aio.secure_channel(address, credentials, options=CHANNEL_OPTIONS)
+    return grpc.aio.secure_channel(address, tls.credentials(), options=[*CHANNEL_OPTIONS, *tls.channel_options()])
 
 
 def status_of(error: Exception) -> tuple[grpc.StatusCode, str] | None:
@@ -187,21 +187,27 @@ async def start_server(
     interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
     metrics_registry: CollectorRegistry | None = None,
     metrics_port: int | None = None,
+    max_receive_bytes: int = MAX_MESSAGE_BYTES,
+    credentials: grpc.ServerCredentials | None = None,
 ) -> RunningServer:
     """Starts an asyncio gRPC server with our services, grpc.health.v1 and reflection.
 
     Every RPC runs with its request id (the caller's x-request-id metadata, or a new one) in
     `specdec.request_id.request_id_var`. `interceptors` run inside the request-id interceptor and
     outside the error interceptor (e.g. auth). With a `metrics_port` (0: a free one), the
-    `metrics_registry` is served at http://HOST:PORT/metrics.
+    `metrics_registry` is served at http://HOST:PORT/metrics. A request message over
+    `max_receive_bytes` is refused by gRPC with RESOURCE_EXHAUSTED. With `credentials` the port
+    speaks TLS (specdec.tls), otherwise plaintext.
     """
+    options = [*SERVER_OPTIONS, ("grpc.max_receive_message_length", max_receive_bytes)]
     server = grpc.aio.server(interceptors=[RequestIdInterceptor(), *interceptors, ErrorInterceptor()],
-                             options=SERVER_OPTIONS)
+                             options=options)
     register(server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection([*service_names, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
-    bound = server.add_insecure_port(f"{host}:{port}")
+    address = f"{host}:{port}"
+    bound = server.add_secure_port(address, credentials) if credentials else server.add_insecure_port(address)
     if bound == 0:
         raise OSError(f"cannot bind {host}:{port}")
     metrics = None  # started before serving, so a busy metrics port fails the start cleanly

@@ -5,6 +5,7 @@ import argparse
 
 from engine.model_source import DEFAULT_MODEL
 from specdec.cli_args import add_runtime_args, add_server_args, env_default, runtime_config, setup_logging
+from specdec.tls import add_server_tls_args
 from target_service.server import run
 
 
@@ -15,6 +16,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-num-batched-tokens", type=int,
                         default=env_default("SPECDEC_TARGET", "max_num_batched_tokens", 2048),
                         help="tokens per forward; longer prompts are prefilled in chunks")
+    add_server_tls_args(parser, "SPECDEC_TARGET")
     args = parser.parse_args(argv)
     setup_logging(args.log_level, args.log_format)
     run(args, runtime_config(args))

@@ -11,6 +11,7 @@ from engine.model_runner import ModelRunner, RuntimeConfig
 from engine.target_engine import TargetEngine, TargetEngineConfig
 from specdec.metrics import EngineSource, engine_registry
 from specdec.serving import RunningServer, serve_until_signal, start_server
+from specdec.tls import ServerTls, server_tls_config
 from specdec.v1 import target_pb2, target_pb2_grpc
 from target_service.servicer import TargetServicer
 
@@ -21,9 +22,10 @@ async def start_target_server(
     runner: ModelRunner, host: str = "127.0.0.1", port: int = 0,
     config: TargetEngineConfig = TargetEngineConfig(),
     ready_file: Path | None = None, executor: ThreadPoolExecutor | None = None,
-    metrics_port: int | None = None,
+    metrics_port: int | None = None, tls: ServerTls | None = None,
 ) -> RunningServer:
-    """`metrics_port`: serve Prometheus metrics there (0: a free port; None: not at all)."""
+    """`metrics_port`: serve Prometheus metrics there (0: a free port; None: not at all); `tls`:
+    serve over TLS (mTLS when it names a client CA)."""
     engine = TargetEngine(runner, config, executor)
     registry, forward_metrics = engine_registry(
         "target", lambda: [EngineSource({}, engine.stats(), runner.description, runner)])
@@ -33,7 +35,7 @@ async def start_target_server(
     return await start_server(
         lambda server: target_pb2_grpc.add_TargetServiceServicer_to_server(servicer, server),
         [SERVICE_NAME], host, port, ready_file, cleanup=engine.stop,
-        metrics_registry=registry, metrics_port=metrics_port,
+        metrics_registry=registry, metrics_port=metrics_port, credentials=tls.credentials() if tls else None,
     )
 
 
@@ -43,5 +45,5 @@ def run(args: argparse.Namespace, config: RuntimeConfig) -> None:
     runner = executor.submit(ModelRunner, config).result()  # load on the thread that will run it
     asyncio.run(serve_until_signal(
         lambda: start_target_server(runner, args.host, args.port, engine_config, args.ready_file, executor,
-                                    args.metrics_port)
+                                    args.metrics_port, server_tls_config(args))
     ))
