@@ -25,13 +25,15 @@ class _Request(BaseModel):
 
     model: str
     max_tokens: int | None = Field(default=None, ge=1)
-    temperature: float | None = Field(default=None, ge=0, le=2)  # unset: 0 (greedy), the only mode served
-    top_p: float | None = Field(default=None, gt=0, le=1)  # greedy decoding ignores it
+    temperature: float | None = Field(default=None, ge=0, le=2)  # unset: 0 (greedy decoding, unlike OpenAI's 1)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    top_k: int | None = Field(default=None, ge=0)  # beyond OpenAI's fields, as vLLM accepts
+    min_p: float | None = Field(default=None, ge=0, lt=1)  # beyond OpenAI's fields
     n: int = 1
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    seed: int | None = None  # greedy decoding ignores it
+    seed: int | None = Field(default=None, ge=0, lt=1 << 64)
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     user: str | None = None
@@ -59,6 +61,9 @@ class _Request(BaseModel):
             request.num_draft_tokens = self.num_draft_tokens
         if self.draft_model is not None:
             request.draft_model = self.draft_model
+        for name in ("top_p", "top_k", "min_p", "seed"):
+            if getattr(self, name) is not None:
+                setattr(request, name, getattr(self, name))
         return request
 
 

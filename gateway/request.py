@@ -1,11 +1,12 @@
 """Validates a GenerateRequest and turns it into token ids and generation parameters."""
 from __future__ import annotations
 
-import math
+import secrets
 from dataclasses import dataclass
 
 from transformers import PreTrainedTokenizerBase
 
+from engine.sampling import SamplingParams
 from gateway.config import GatewayConfig
 from specdec.errors import InvalidRequestError
 from specdec.v1 import gateway_pb2
@@ -18,9 +19,11 @@ MAX_DRAFT_NAME_CHARS = 128
 class GenerationParams:
     prompt_ids: list[int]
     max_new_tokens: int
-    num_draft_tokens: int  # 0: speculation off
+    num_draft_tokens: int  # 0: speculation off; adaptive: the most k may grow to
     stop: list[str]
     draft_model: str = ""  # a draft loaded on the draft service; "": its default
+    sampling: SamplingParams = SamplingParams()  # greedy unless the request sets a temperature
+    adaptive: bool = False  # k chosen per step (gateway/speculation_policy.py) instead of fixed
 
 
 def parse_request(
@@ -29,7 +32,7 @@ def parse_request(
     config: GatewayConfig,
     max_model_len: int,
 ) -> GenerationParams:
-    _check_sampling(request)
+    sampling = _sampling(request)
     prompt_ids = _tokenize(request, tokenizer)
     max_new = request.max_new_tokens if request.HasField("max_new_tokens") else config.default_max_new_tokens
     if max_new < 1:
@@ -54,17 +57,19 @@ def parse_request(
     draft_model = request.draft_model if request.HasField("draft_model") else ""
     if len(draft_model) > MAX_DRAFT_NAME_CHARS:
         raise InvalidRequestError(f"draft_model names are at most {MAX_DRAFT_NAME_CHARS} characters")
-    return GenerationParams(prompt_ids, max_new, k, _check_stop(list(request.stop), config), draft_model)
+    # a sampled request's draws depend on what the draft proposed, so a seeded one keeps k fixed: the
+    # policy's choices follow measured timings, which would make its output vary from run to run
+    seeded = not sampling.is_greedy and request.HasField("seed")
+    adaptive = config.adaptive_num_draft_tokens and not request.HasField("num_draft_tokens") and not seeded
+    return GenerationParams(prompt_ids, max_new, k, _check_stop(list(request.stop), config), draft_model, sampling,
+                            adaptive)
 
 
-def _check_sampling(request: gateway_pb2.GenerateRequest) -> None:
-    t = request.temperature
-    if math.isnan(t) or t < 0:
-        raise InvalidRequestError(f"temperature must be >= 0, got {t}")
-    if t > 0:
-        raise InvalidRequestError(
-            f"temperature {t} asks for sampling, which this gateway does not support yet; use temperature 0 (greedy)"
-        )
+def _sampling(request: gateway_pb2.GenerateRequest) -> SamplingParams:
+    """The request's sampling; an unset seed gets a random one (each request is still reproducible inside)."""
+    field = lambda name, default: getattr(request, name) if request.HasField(name) else default  # noqa: E731
+    return SamplingParams(temperature=request.temperature, top_p=field("top_p", 1.0), top_k=field("top_k", 0),
+                          min_p=field("min_p", 0.0), seed=field("seed", secrets.randbits(63))).check()
 
 
 def _tokenize(request: gateway_pb2.GenerateRequest, tokenizer: PreTrainedTokenizerBase) -> list[int]:

@@ -1,8 +1,10 @@
 """The speculative decoding loop of one request: propose -> verify -> commit/rollback.
 
-  draft proposes k tokens after the committed ones (greedy, from its own KV cache);
+  draft proposes k tokens after the committed ones (from its own KV cache; k from the request, or
+    per step from gateway/speculation_policy.py);
   target runs all k + 1 positions in one forward and commits the accepted prefix plus one token
-  of its own (recovered at the first mismatch, bonus if all matched) - exactly its greedy output;
+  of its own (recovered at the first mismatch, bonus if all matched) - exactly its greedy output,
+    or for sampled requests a rejection-sampling verify that keeps its distribution (engine/sampling.py);
   draft is told how many of its tokens survived and rolls its KV cache back to them.
 
 Faults: a lost draft ends speculation for the request, which decodes on target-only (k = 0). A
@@ -18,7 +20,9 @@ from collections.abc import AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass
 
-from gateway.backends import DraftLost, DraftStream, RequestStreams, TargetLost, TargetStream
+from engine.sampling import SamplingParams
+from gateway.backends import DraftLost, DraftStream, Proposal, RequestStreams, TargetLost, TargetStream
+from gateway.speculation_policy import SpeculationPolicy
 from specdec.errors import ServiceUnavailableError
 
 log = logging.getLogger(__name__)
@@ -37,11 +41,14 @@ async def speculative_generate(
     num_draft_tokens: int,
     streams: RequestStreams,
     max_target_retries: int = 2,
+    sampling: SamplingParams = SamplingParams(),
+    policy: SpeculationPolicy | None = None,
 ) -> AsyncIterator[Step]:
     """Yields the committed tokens step by step; the caller stops iterating when it is done.
 
     After a lost target replica the committed tokens are re-prefilled elsewhere, at most
     `max_target_retries` times; then ServiceUnavailableError (the tokens yielded so far stay valid).
+    `policy` chooses k per step (at most `num_draft_tokens`); None: k = `num_draft_tokens` always.
     """
     generated: list[int] = []
     lost: TargetLost | None = None
@@ -51,7 +58,8 @@ async def speculative_generate(
                 f"no target replica is reachable ({lost or 'none connected'}); the {len(generated)} token(s) "
                 "already streamed are valid, retry for the rest")
         try:
-            steps = _decode(prompt_ids + generated, max_new_tokens - len(generated), num_draft_tokens, streams)
+            steps = _decode(prompt_ids + generated, max_new_tokens - len(generated), num_draft_tokens, streams,
+                            sampling, policy)
             async with aclosing(steps):
                 async for step in steps:
                     generated += step.committed_ids
@@ -67,14 +75,15 @@ async def speculative_generate(
 
 
 async def _decode(
-    context_ids: list[int], max_new_tokens: int, num_draft_tokens: int, streams: RequestStreams
+    context_ids: list[int], max_new_tokens: int, num_draft_tokens: int, streams: RequestStreams,
+    sampling: SamplingParams, policy: SpeculationPolicy | None,
 ) -> AsyncIterator[Step]:
     """Prefills `context_ids` on a new target stream (and a new draft stream), then speculates."""
     target = streams.open_target()
     draft = streams.open_draft() if num_draft_tokens > 0 else None
     try:  # prefill both models at once
-        first, draft = await asyncio.gather(target.prefill(context_ids, max_new_tokens),
-                                            _start_draft(draft, context_ids, max_new_tokens))
+        first, draft = await asyncio.gather(target.prefill(context_ids, max_new_tokens, sampling),
+                                            _start_draft(draft, context_ids, max_new_tokens, sampling))
     except TargetLost:
         await _close(target, draft)
         raise
@@ -84,33 +93,38 @@ async def _decode(
     num_accepted, append_ids = 0, [first]
     while num_generated < max_new_tokens:
         # a verify commits up to k + 1 tokens; never run past max_new_tokens
-        k = min(num_draft_tokens, max_new_tokens - num_generated - 1) if draft else 0
-        draft_ids = []
+        k = min(policy.next_k() if policy else num_draft_tokens, max_new_tokens - num_generated - 1) if draft else 0
+        proposal = Proposal([], [])
+        draft_ns, target_ns = draft.forward_ns if draft else 0, target.forward_ns
         if k > 0:
             try:
-                draft_ids = await draft.propose(num_accepted, append_ids, k)
+                proposal = await draft.propose(num_accepted, append_ids, k)
             except DraftLost as lost:
                 draft = await _drop_draft(draft, lost)
                 k = 0
         try:
-            verified = await target.verify(draft_ids)
+            verified = await target.verify(proposal)
         except TargetLost:
             await _close(target, draft)
             raise
+        if policy is not None:
+            policy.record(len(proposal.token_ids), verified.num_accepted, (target.forward_ns - target_ns) / 1e9,
+                          ((draft.forward_ns if draft else 0) - draft_ns) / 1e9)
         if k > 0:
             num_accepted, append_ids = verified.num_accepted, verified.committed_ids[-1:]
         else:
             append_ids = append_ids + verified.committed_ids
         num_generated += len(verified.committed_ids)
-        yield Step(verified.committed_ids, len(draft_ids), verified.num_accepted)
+        yield Step(verified.committed_ids, len(proposal.token_ids), verified.num_accepted)
 
 
-async def _start_draft(draft: DraftStream | None, prompt_ids: list[int], max_new_tokens: int) -> DraftStream | None:
+async def _start_draft(draft: DraftStream | None, prompt_ids: list[int], max_new_tokens: int,
+                       sampling: SamplingParams) -> DraftStream | None:
     """The started draft stream, or None: no draft, or it was lost (the request runs target-only)."""
     if draft is None:
         return None
     try:
-        await draft.start(prompt_ids, max_new_tokens)
+        await draft.start(prompt_ids, max_new_tokens, sampling)
     except DraftLost as lost:
         return await _drop_draft(draft, lost)
     return draft

@@ -19,6 +19,7 @@ class RequestStats:
     num_verify_steps: int = 0
     num_verified_tokens: int = 0  # tokens committed by verify steps
     num_accepted_tokens_per_pos: list[int] = field(default_factory=list)  # [i]: steps that accepted draft i
+    num_steps_by_k: list[int] = field(default_factory=list)  # [k]: verify steps that proposed k drafts
     draft_forward_ns: int = 0
     target_forward_ns: int = 0
 
@@ -35,6 +36,8 @@ class RequestStats:
             self.num_accepted_tokens_per_pos += [0] * max(0, missing)
             for position in range(num_accepted):
                 self.num_accepted_tokens_per_pos[position] += 1
+            self.num_steps_by_k += [0] * max(0, num_draft_tokens + 1 - len(self.num_steps_by_k))
+            self.num_steps_by_k[num_draft_tokens] += 1
 
     @property
     def acceptance_rate(self) -> float:
@@ -73,4 +76,5 @@ class RequestStats:
             time_per_output_token_s=self.time_per_output_token_s(num_completion_tokens),
             num_accepted_tokens_per_pos=self.num_accepted_tokens_per_pos,
             request_id=self.request_id,
+            num_steps_by_k=self.num_steps_by_k,
         )

@@ -91,7 +91,8 @@ def test_stop_string_ends_the_completion(client, model, observed_stub):
 
 @pytest.mark.parametrize("fields, fragment", [
     ({"n": 2}, "n must be 1"),
-    ({"temperature": 0.7}, "temperature"),
+    ({"temperature": 2.5}, "temperature"),
+    ({"temperature": 1.0, "top_p": 0}, "top_p"),
     ({"max_tokens": 0}, "max_tokens"),
     ({"extra_body": {"num_draft_tokens": 99}}, "num_draft_tokens"),
     ({"max_tokens": 100_000}, "context"),
@@ -128,7 +129,7 @@ def test_unknown_model_is_404_model_not_found(client):
 
 def test_streaming_request_with_bad_parameters_fails_before_streaming(client, model):
     with pytest.raises(openai.BadRequestError):
-        client.chat.completions.create(model=model, messages=CHAT, max_tokens=4, stream=True, temperature=1.5)
+        client.chat.completions.create(model=model, messages=CHAT, max_tokens=4, stream=True, temperature=3.0)
 
 
 def test_request_id_header_is_echoed_and_made(client, model):

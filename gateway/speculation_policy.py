@@ -1,0 +1,101 @@
+"""Adaptive speculation: how many tokens (k) one request drafts in each step.
+
+The model: each draft token is accepted with probability a, so a step proposing k tokens commits
+E(k) = 1 + a + ... + a^k tokens on average. It costs the target's verify of k + 1 tokens plus the
+draft's k-token proposal. Both times are measured as the request runs - the services report the
+forward time of every answer, which already reflects the target's current batch load (a verify of
+k + 1 tokens costs about one decode step on a GPU at small batch, and much more on a CPU or a busy
+GPU) - and kept per k as moving averages. A k not measured yet gets the verify time of a straight
+line through the measured ones (t = t0 + slope * k, slope >= 0; the nearest one while only one k
+is measured) and the draft's mean per-token time. Each step takes the k in [0, k_max] with the most
+committed tokens per second, E(k) / (t_verify(k) + t_draft(k) + t_rpc), so speculation grows while
+everything is accepted, shrinks as acceptance falls or verifies get expensive, and switches off
+(k = 0) where it would lose. It explores: the k just below the best is tried once when it has no
+measurement (the line needs two points), and while off it probes k = 1 every `probe_every` steps,
+so it notices when the draft starts agreeing again.
+
+Output is unaffected: the loop is lossless for every k. A request can pin k instead
+(GenerateRequest.num_draft_tokens).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class _Average:
+    """An exponential moving average that starts at its first sample."""
+
+    weight: float
+    value: float | None = None
+
+    def add(self, sample: float) -> None:
+        self.value = sample if self.value is None else self.value + self.weight * (sample - self.value)
+
+
+@dataclass
+class SpeculationPolicy:
+    k_max: int
+    acceptance_prior: float = 0.8  # optimistic: start by speculating, measure, then adjust
+    weight: float = 0.3  # of the newest step in the moving averages
+    rpc_s: float = 2e-4  # one extra round trip per step when drafting (measured ~0.2 ms on loopback)
+    probe_every: int = 8
+    _acceptance: _Average = field(init=False)
+    _verify_s: dict[int, _Average] = field(default_factory=dict, init=False)
+    _draft_s_per_token: _Average = field(init=False)
+    _steps_off: int = field(default=0, init=False)
+
+    def __post_init__(self) -> None:
+        self._acceptance = _Average(self.weight, self.acceptance_prior)
+        self._draft_s_per_token = _Average(self.weight)
+
+    def next_k(self) -> int:
+        """The k for the next step."""
+        if self.k_max == 0:
+            return 0
+        if not self._verify_s:  # nothing measured yet: speculate as far as allowed
+            return self.k_max
+        best = max(range(self.k_max + 1), key=self._tokens_per_s)
+        if best > 0 and best - 1 not in self._verify_s:
+            return best - 1  # one measurement below the best: the verify-time line needs two points
+        if best == 0:
+            self._steps_off += 1
+            if self._steps_off % self.probe_every == 0:
+                return 1
+        else:
+            self._steps_off = 0
+        return best
+
+    def record(self, k: int, num_accepted: int, verify_s: float, draft_s: float) -> None:
+        """What a step of k draft tokens gave: accepted tokens and the two services' forward times."""
+        self._verify_s.setdefault(k, _Average(self.weight)).add(verify_s)
+        if k > 0:
+            # the accepted prefix ends at the first rejection: k trials of which num_accepted succeeded,
+            # one failed unless all were accepted (a geometric sample of the acceptance probability)
+            trials = num_accepted + (1 if num_accepted < k else 0)
+            self._acceptance.add(num_accepted / trials)
+            self._draft_s_per_token.add(draft_s / k)
+
+    @property
+    def acceptance(self) -> float:
+        return self._acceptance.value
+
+    def _tokens_per_s(self, k: int) -> float:
+        a = min(self._acceptance.value, 0.999)
+        expected_tokens = (1 - a ** (k + 1)) / (1 - a)
+        step_s = self._verify_estimate(k)
+        if k > 0:
+            step_s += k * (self._draft_s_per_token.value or 0.0) + self.rpc_s
+        return expected_tokens / step_s if step_s > 0 else float(k == self.k_max)
+
+    def _verify_estimate(self, k: int) -> float:
+        if k in self._verify_s:
+            return self._verify_s[k].value
+        points = [(measured, average.value) for measured, average in self._verify_s.items()]
+        if len(points) == 1:
+            return points[0][1]
+        mean_k = sum(x for x, _ in points) / len(points)
+        mean_t = sum(t for _, t in points) / len(points)
+        slope = sum((x - mean_k) * (t - mean_t) for x, t in points) / sum((x - mean_k) ** 2 for x, _ in points)
+        slope = max(slope, 0.0)
+        return max(mean_t + slope * (k - mean_k), 1e-9)
