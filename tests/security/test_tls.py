@@ -1,0 +1,100 @@
+"""TLS on every hop: the gateway serves clients over TLS, and talks to the target over mutual TLS;
+certificates are made in the test (openssl). Without the right certificate nothing connects."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import grpc
+import pytest
+from harness import generate
+
+from engine.model_runner import ModelRunner, RuntimeConfig
+from gateway.config import GatewayConfig
+from gateway.server import start_gateway_server
+from specdec.errors import ServiceUnavailableError
+from specdec.tls import ClientTls, ServerTls
+from specdec.v1 import common_pb2, gateway_pb2_grpc, target_pb2_grpc
+from target_service.server import start_target_server
+
+pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
+SAN = "subjectAltName=DNS:localhost,IP:127.0.0.1"
+
+
+def _openssl(*args: str, cwd: Path) -> None:
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
+
+
+def _ca(directory: Path, name: str) -> None:
+    _openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+             "-keyout", f"{name}.key", "-out", f"{name}.pem", "-days", "1", "-subj", f"/CN={name}", cwd=directory)
+
+
+def _leaf(directory: Path, name: str, ca: str) -> None:
+    """A certificate for `name` signed by `ca`, valid for localhost / 127.0.0.1, server and client use."""
+    (directory / "san.ext").write_text(SAN + "\n")
+    _openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-keyout", f"{name}.key",
+             "-out", f"{name}.csr", "-subj", f"/CN={name}", cwd=directory)
+    _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", f"{ca}.pem", "-CAkey", f"{ca}.key", "-CAcreateserial",
+             "-out", f"{name}.pem", "-days", "1", "-extfile", "san.ext", cwd=directory)
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory) -> Path:
+    directory = tmp_path_factory.mktemp("pki")
+    _ca(directory, "ca")
+    _ca(directory, "rogue-ca")
+    for name in ("target", "gateway", "gateway-client"):
+        _leaf(directory, name, "ca")
+    _leaf(directory, "rogue", "rogue-ca")
+    return directory
+
+
+@pytest.fixture(scope="module")
+def mtls_target(loop, model_dirs, pki):
+    """A target that only talks to clients holding a certificate from our CA."""
+    runner = ModelRunner(RuntimeConfig(model=str(model_dirs["target"]), kv_cache_tokens=4096))
+    tls = ServerTls(pki / "target.pem", pki / "target.key", client_ca_file=pki / "ca.pem")
+    server = loop.run(start_target_server(runner, tls=tls))
+    yield server
+    loop.run(server.stop())
+
+
+def _client_tls(pki: Path, identity: str | None) -> ClientTls:
+    if identity is None:
+        return ClientTls(pki / "ca.pem")
+    return ClientTls(pki / "ca.pem", pki / f"{identity}.pem", pki / f"{identity}.key")
+
+
+def test_tls_client_to_gateway_and_mtls_gateway_to_target_generate_exact_output(loop, mtls_target, pki, tokenizer,
+                                                                              hf_greedy):
+    config = GatewayConfig(f"127.0.0.1:{mtls_target.port}", None, backend_tls=_client_tls(pki, "gateway"))
+    gateway = loop.run(start_gateway_server(config, tls=ServerTls(pki / "gateway.pem", pki / "gateway.key")))
+    try:
+        credentials = grpc.ssl_channel_credentials((pki / "ca.pem").read_bytes())
+        with grpc.secure_channel(f"127.0.0.1:{gateway.port}", credentials) as channel:
+            token_ids, _, _ = generate(gateway_pb2_grpc.GatewayStub(channel), prompt="The quick brown fox",
+                                       max_new_tokens=12)
+        assert token_ids == hf_greedy(tokenizer.encode("The quick brown fox"), 12)
+        with grpc.insecure_channel(f"127.0.0.1:{gateway.port}") as channel:  # plaintext cannot talk to it
+            with pytest.raises(grpc.RpcError) as info:
+                generate(gateway_pb2_grpc.GatewayStub(channel), prompt="hi", max_new_tokens=2)
+            assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+    finally:
+        loop.run(gateway.stop())
+
+
+@pytest.mark.parametrize("identity", [None, "rogue"], ids=["no_client_certificate", "certificate_from_another_ca"])
+def test_target_refuses_gateways_without_a_trusted_client_certificate(identity, loop, mtls_target, pki):
+    config = GatewayConfig(f"127.0.0.1:{mtls_target.port}", None, backend_tls=_client_tls(pki, identity),
+                           connect_timeout_s=3)
+    with pytest.raises(ServiceUnavailableError, match="cannot reach a model service"):
+        loop.run(start_gateway_server(config))
+
+
+def test_plaintext_client_cannot_reach_a_tls_target(mtls_target):
+    with grpc.insecure_channel(f"127.0.0.1:{mtls_target.port}") as channel:
+        with pytest.raises(grpc.RpcError) as info:
+            target_pb2_grpc.TargetServiceStub(channel).GetModelInfo(common_pb2.ModelInfoRequest(), timeout=5)
+    assert info.value.code() == grpc.StatusCode.UNAVAILABLE
