@@ -9,22 +9,20 @@ Usage: python bench/cpu_smollm2.py [--dtype float32|bfloat16] [--k 2] [--sweep 1
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import sys
 import tempfile
 import time
 from collections import defaultdict
-from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
 from engine.model_source import DEFAULT_MODEL, converted_gguf_dir, default_cache_dir, resolve_path  # noqa: E402
+from report import save_report  # noqa: E402
 from specdec.client import build_request, stream  # noqa: E402
 from specdec.launch import start_trio  # noqa: E402
 
@@ -130,18 +128,7 @@ def main() -> None:
         "max_new_tokens": args.max_new_tokens,
     }
     suffix = "" if args.dtype == "float32" else f"_{args.dtype}"
-    report = {
-        "name": f"cpu_smollm2{suffix}",
-        "command": "python bench/cpu_smollm2.py " + " ".join(sys.argv[1:]),
-        "machine": f"{platform.node()} {platform.machine()}, {torch.get_num_threads()} torch threads, "
-                   f"torch {torch.__version__}",
-        "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "metrics": {k: round(v, 4) if isinstance(v, float) else v for k, v in metrics.items()},
-    }
-    out = args.out or ROOT / "bench" / "results" / f"cpu_smollm2{suffix}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2) + "\n")
-    print(json.dumps(report, indent=2))
+    save_report(f"cpu_smollm2{suffix}", metrics, args.out or ROOT / "bench" / "results" / f"cpu_smollm2{suffix}.json")
 
 
 if __name__ == "__main__":

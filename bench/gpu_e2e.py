@@ -15,13 +15,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime, timezone
 from pathlib import Path
 
 import grpc
@@ -31,6 +29,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
+from report import save_report  # noqa: E402
 from specdec.client import collect  # noqa: E402
 from specdec.launch import Trio  # noqa: E402
 from specdec.v1 import gateway_pb2, gateway_pb2_grpc  # noqa: E402
@@ -195,31 +194,20 @@ def main() -> None:
     for alpha in ALPHAS:
         for k in KS:
             metrics[f"spec_tok_s_alpha{alpha:g}_k{k}"] = metrics[f"spec_tok_s_alpha{alpha:g}_k{k}_bs1"]
-    write_report(args.out, device, metrics, details)  # HF's compile takes minutes: keep what we have
+    write_report(args.out, metrics, details)  # HF's compile takes minutes: keep what we have
     if not args.skip_hf:
         for batch in BATCHES:
             metrics[f"hf_static_tok_s_bs{batch}"] = hf_static_tok_s(target_shape, prompt_ids, batch,
                                                                      args.max_new_tokens, device)
         metrics["hf_static_tok_s"] = metrics["hf_static_tok_s_bs1"]
         metrics["spec_over_hf_static_alpha0.8_k4_bs1"] = metrics["spec_tok_s_alpha0.8_k4"] / metrics["hf_static_tok_s"]
-        write_report(args.out, device, metrics, details)
+        write_report(args.out, metrics, details)
 
 
-def write_report(out: Path, device: str, metrics: dict[str, float], details: dict[str, dict]) -> None:
-    report = {
-        "name": "gpu_e2e",
-        "command": "python bench/gpu_e2e.py " + " ".join(sys.argv[1:]),
-        "machine": (f"{torch.cuda.get_device_name()}" if device == "cuda" else platform.processor() or "cpu")
-                   + f", torch {torch.__version__}",
-        "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "note": "spec_* figures use SYNTHETIC acceptance (oracle draft at rate alpha; real draft forwards); "
-                "random weights; bs1 = one stream at a time, bs8 = 8 concurrent streams",
-        "metrics": {k: round(v, 4) for k, v in metrics.items()},
-        "details": details,
-    }
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2) + "\n")
-    print(json.dumps(report["metrics"], indent=2))
+def write_report(out: Path, metrics: dict[str, float], details: dict[str, dict]) -> None:
+    save_report("gpu_e2e", metrics, out, details=details,
+                note="spec_* figures use SYNTHETIC acceptance (oracle draft at rate alpha; real draft forwards); "
+                     "random weights; bs1 = one stream at a time, bs8 = 8 concurrent streams")
 
 
 if __name__ == "__main__":

@@ -7,11 +7,8 @@ Usage: python bench/gpu_target.py [--skip-hf] [--out PATH]
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import sys
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
@@ -22,6 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from engine.batch import StepInput, build_forward_batch  # noqa: E402
+from report import save_report  # noqa: E402
 from timing import cuda_ms  # noqa: E402
 from engine.kv_cache import KVCacheConfig, KVPool  # noqa: E402
 from engine.model_runner import ModelRunner, RuntimeConfig  # noqa: E402
@@ -153,16 +151,7 @@ def main() -> None:
         del runner
         metrics["hf_static_ms_bs1"] = hf_static_ms(hf)
         metrics["speedup_vs_hf_static_bs1"] = metrics["hf_static_ms_bs1"] / metrics["decode_ms_bs1"]
-    report = {
-        "name": "gpu_target",
-        "command": "python bench/gpu_target.py " + " ".join(sys.argv[1:]),
-        "machine": f"{torch.cuda.get_device_name()}, torch {torch.__version__}, {platform.machine()}",
-        "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "metrics": {k: round(v, 4) for k, v in metrics.items()},
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
-    print(json.dumps(report, indent=2))
+    save_report("gpu_target", metrics, args.out)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,32 @@
+"""The one shape every benchmark saves: bench/results/NAME.json with name, command, machine, when, metrics."""
+from __future__ import annotations
+
+import json
+import platform
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+
+
+def machine() -> str:
+    if torch.cuda.is_available():
+        return f"{torch.cuda.get_device_name()}, torch {torch.__version__}, {platform.machine()}"
+    return f"{platform.node()} {platform.machine()}, {torch.get_num_threads()} torch threads, torch {torch.__version__}"
+
+
+def save_report(name: str, metrics: dict, out: Path, **extra) -> dict:
+    """Writes the report (floats rounded to 4 places) and prints its metrics; returns it."""
+    report = {
+        "name": name,
+        "command": f"python bench/{Path(sys.argv[0]).name} " + " ".join(sys.argv[1:]),
+        "machine": machine(),
+        "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        **extra,
+        "metrics": {k: round(v, 4) if isinstance(v, float) else v for k, v in metrics.items()},
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps(report["metrics"], indent=2))
+    return report
