@@ -71,10 +71,9 @@ class Driver:
         """Streams the completion once the request is admitted (CapacityError when the gateway's
         queue is full); iterate it inside `contextlib.aclosing` so an early stop frees the model
         streams at once. `timeout_s`: the client's remaining deadline, passed on to the model streams."""
-        async with self._admission.slot():
-            async with aclosing(self._generate(params, api, timeout_s)) as deltas:
-                async for delta in deltas:
-                    yield delta
+        async with self._admission.slot(), aclosing(self._generate(params, api, timeout_s)) as deltas:
+            async for delta in deltas:
+                yield delta
 
     async def _generate(self, params: GenerationParams, api: str, timeout_s: float | None) -> AsyncIterator[Delta]:
         stats = RequestStats(num_prompt_tokens=len(params.prompt_ids), request_id=current_request_id())

@@ -140,4 +140,3 @@ async def _close(target: TargetStream, draft: DraftStream | None) -> None:
 async def _drop_draft(draft: DraftStream, lost: DraftLost) -> None:
     log.warning("%s; the request continues target-only", lost)
     await draft.close()
-    return None

@@ -2,27 +2,21 @@
 their port), and a gateway over both pools (`ipv4:A,B` address lists, round-robin)."""
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tiny_models import build_model_dir
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 from gateway.config import GatewayConfig
 from gateway.server import start_gateway_server
-from specdec.v1 import common_pb2, draft_pb2_grpc, gateway_pb2_grpc, target_pb2_grpc
+from specdec.processes import Replica
+from specdec.v1 import gateway_pb2_grpc
 
 # Long enough that a request is still decoding when a test breaks something under it.
 CONTEXT = 2048
-START_TIMEOUT_S = 180
 
 
 def build_long_context_model(path: Path, tokenizer, seed: int) -> Path:
@@ -46,84 +40,6 @@ def long_models(tmp_path_factory, tokenizer) -> dict[str, Path]:
     target = build_long_context_model(root / "target", tokenizer, seed=10)
     draft = build_model_dir(root / "draft", tokenizer, seed=11, perturb_from=target, perturb_scale=0.05)
     return {"target": target, "draft": draft}
-
-
-@dataclass
-class Replica:
-    """One service process; `restart()` brings it back on the same port."""
-
-    name: str
-    module: str
-    args: list[str]
-    workdir: Path
-    port: int = 0
-    process: subprocess.Popen | None = None
-    _channel: grpc.Channel | None = field(default=None, repr=False)
-
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    @property
-    def _ready_file(self) -> Path:
-        return self.workdir / f"{self.name}.addr"
-
-    def spawn(self) -> None:
-        self._ready_file.unlink(missing_ok=True)
-        command = [sys.executable, "-m", self.module, "--port", str(self.port), "--ready-file", str(self._ready_file),
-                   "--log-level", "WARNING", *self.args]
-        self.process = subprocess.Popen(command)
-
-    def start(self) -> None:
-        self.spawn()
-        self.wait_ready()
-
-    def wait_ready(self) -> None:
-        ready = self._ready_file
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while not ready.exists():
-            assert self.process.poll() is None, f"{self.name} exited with {self.process.returncode}"
-            assert time.monotonic() < deadline, f"{self.name} did not start in {START_TIMEOUT_S} s"
-            time.sleep(0.1)
-        self.port = int(ready.read_text().strip().rsplit(":", 1)[1])
-        with grpc.insecure_channel(self.address) as c:
-            health_pb2_grpc.HealthStub(c).Check(health_pb2.HealthCheckRequest(), timeout=60, wait_for_ready=True)
-
-    def is_running(self) -> bool:
-        return self.process is not None and self.process.poll() is None
-
-    def kill(self) -> None:
-        """SIGKILL: no goodbye, the connections just break."""
-        if self.is_running():
-            self.process.send_signal(signal.SIGCONT)
-            self.process.kill()
-            self.process.wait(30)
-
-    def pause(self) -> None:
-        os.kill(self.process.pid, signal.SIGSTOP)
-
-    def resume(self) -> None:
-        os.kill(self.process.pid, signal.SIGCONT)
-
-    def stop(self) -> None:
-        if self.is_running():
-            self.process.send_signal(signal.SIGCONT)
-            self.process.terminate()
-            try:
-                self.process.wait(15)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        if self._channel is not None:
-            self._channel.close()
-            self._channel = None
-
-    def engine_stats(self) -> common_pb2.EngineStats:
-        if self._channel is None:
-            self._channel = grpc.insecure_channel(self.address)
-        stub_type = target_pb2_grpc.TargetServiceStub if self.module == "target_service" \
-            else draft_pb2_grpc.DraftServiceStub
-        return stub_type(self._channel).GetEngineStats(common_pb2.EngineStatsRequest(), timeout=10)
 
 
 class Cluster:

@@ -64,7 +64,7 @@ def test_draft_frozen_past_its_step_deadline_is_dropped_and_output_is_identical(
     frozen = cluster.holder(cluster.drafts)
     frozen.pause()  # SIGSTOP: the connection stays up, the draft just never answers
     started = time.monotonic()
-    token_ids, final = _finish(call, first)
+    token_ids, _final = _finish(call, first)
     assert time.monotonic() - started < 60
     assert token_ids == reference
     frozen.resume()

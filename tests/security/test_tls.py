@@ -94,7 +94,6 @@ def test_target_refuses_gateways_without_a_trusted_client_certificate(identity, 
 
 
 def test_plaintext_client_cannot_reach_a_tls_target(mtls_target):
-    with grpc.insecure_channel(f"127.0.0.1:{mtls_target.port}") as channel:
-        with pytest.raises(grpc.RpcError) as info:
-            target_pb2_grpc.TargetServiceStub(channel).GetModelInfo(common_pb2.ModelInfoRequest(), timeout=5)
+    with grpc.insecure_channel(f"127.0.0.1:{mtls_target.port}") as channel, pytest.raises(grpc.RpcError) as info:
+        target_pb2_grpc.TargetServiceStub(channel).GetModelInfo(common_pb2.ModelInfoRequest(), timeout=5)
     assert info.value.code() == grpc.StatusCode.UNAVAILABLE

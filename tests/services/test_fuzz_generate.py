@@ -20,8 +20,8 @@ from specdec.v1 import gateway_pb2, gateway_pb2_grpc
 # NOT_FOUND: a draft_model name the draft service has not loaded
 ALLOWED = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.OUT_OF_RANGE,
            grpc.StatusCode.NOT_FOUND}
-LIMITS = dict(max_prompt_tokens=120, max_new_tokens_limit=24, default_max_new_tokens=8, max_request_bytes=64 * 1024,
-              max_concurrent_requests=4, max_queued_requests=64)
+LIMITS = {"max_prompt_tokens": 120, "max_new_tokens_limit": 24, "default_max_new_tokens": 8, "max_request_bytes": 64 * 1024,
+              "max_concurrent_requests": 4, "max_queued_requests": 64}
 INT32 = st.integers(-2**31, 2**31 - 1)
 FLOATS = st.floats(allow_nan=True, allow_infinity=True, width=32)
 
