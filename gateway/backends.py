@@ -67,13 +67,16 @@ class _BidiStream:
 
     async def ask(self, request):
         try:
-            response = await asyncio.wait_for(self._exchange(request), self._step_timeout_s)
+            exchange = self._exchange(request)
+            response = await (asyncio.wait_for(exchange, self._step_timeout_s) if self._step_timeout_s else exchange)
         except grpc.aio.AioRpcError as e:
             if not self._is_lost(e.code()):
                 raise
             raise self._lost(f"{e.code().name}: {e.details()}") from e
         except TimeoutError as e:
             raise self._lost(f"no answer within {self._step_timeout_s} s") from e
+        except asyncio.InvalidStateError as e:  # the call ended between our last read and this write
+            raise self._lost(f"{(await self._call.code()).name}: {await self._call.details()}") from e
         if response is grpc.aio.EOF:
             raise self._lost("the service closed the stream unexpectedly")
         self.forward_ns += response.forward_ns

@@ -8,9 +8,9 @@ import time
 
 import grpc
 import pytest
-from conftest import Replica
 from harness import generate
 
+from specdec.processes import Replica
 from specdec.v1 import gateway_pb2, gateway_pb2_grpc
 
 PROMPT = "The quick brown fox jumps over the lazy dog."
@@ -18,6 +18,7 @@ REQUEST = {"prompt": PROMPT, "max_new_tokens": 1500, "num_draft_tokens": 3}
 # A client process that streams one long request and prints each chunk's token count as it comes.
 CLIENT = """
 import sys, grpc
+from specdec.processes import Replica
 from specdec.v1 import gateway_pb2, gateway_pb2_grpc
 stub = gateway_pb2_grpc.GatewayStub(grpc.insecure_channel(sys.argv[1]))
 for chunk in stub.Generate(gateway_pb2.GenerateRequest(prompt=sys.argv[2], max_new_tokens=1500, num_draft_tokens=3)):
