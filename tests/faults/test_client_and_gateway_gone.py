@@ -13,6 +13,7 @@ from harness import generate
 from specdec.processes import Replica
 from specdec.v1 import gateway_pb2, gateway_pb2_grpc
 
+pytestmark = pytest.mark.slow  # starts service processes
 PROMPT = "The quick brown fox jumps over the lazy dog."
 REQUEST = {"prompt": PROMPT, "max_new_tokens": 1500, "num_draft_tokens": 3}
 # A client process that streams one long request and prints each chunk's token count as it comes.

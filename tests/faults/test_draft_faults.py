@@ -11,6 +11,7 @@ from harness import generate
 from specdec.client import collect
 from specdec.v1 import gateway_pb2
 
+pytestmark = pytest.mark.slow  # starts service processes
 PROMPT = "The quick brown fox jumps over the lazy dog."
 MAX_NEW_TOKENS = 800
 

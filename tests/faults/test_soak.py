@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-from soak import run_soak  # noqa: E402
+from soak import run_soak
 
 pytestmark = pytest.mark.slow
 

@@ -10,6 +10,7 @@ from harness import generate
 from specdec.client import collect
 from specdec.v1 import gateway_pb2
 
+pytestmark = pytest.mark.slow  # starts service processes
 PROMPT = "Speculative decoding: a draft proposes, the target verifies."
 MAX_NEW_TOKENS = 800
 
