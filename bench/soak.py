@@ -20,16 +20,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
-import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "bench"), str(ROOT / "tests")]
 
-from report import save_report  # noqa: E402
-from tiny_models import build_model_dir, build_tokenizer  # noqa: E402
+from report import save_report
+from tiny_models import build_model_dir, build_tokenizer
 
-from specdec.processes import Replica  # noqa: E402
-from specdec.v1 import gateway_pb2, gateway_pb2_grpc  # noqa: E402
+from specdec.processes import Replica
+from specdec.v1 import gateway_pb2, gateway_pb2_grpc
 
 PROMPTS = ["The quick brown fox", "def add(a, b):\n    return", "Speculative decoding: a draft proposes,",
            "Große Straße 🙂", "Numbers 0123456789 and", "x"]
@@ -91,12 +90,20 @@ class SoakCluster:
 
     def rss_mb(self) -> dict[str, float]:
         replicas = [*self.model_replicas, self.gateway]
-        return {r.name: psutil.Process(r.process.pid).memory_info().rss / 2**20 for r in replicas}
+        return {r.name: _rss_mb(r.process.pid) for r in replicas}
 
     def stop(self) -> None:
         for replica in [self.gateway, *self.model_replicas]:
             if replica is not None:
                 replica.stop()
+
+
+def _rss_mb(pid: int) -> float:
+    """Resident memory of a process (Linux /proc)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no VmRSS for process {pid}")
 
 
 def references(stub: gateway_pb2_grpc.GatewayStub) -> dict[str, list[int]]:
