@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 
 from draft_service.server import run
+from specdec.tls import add_server_tls_args
 from engine.model_source import DEFAULT_MODEL
 from specdec.cli_args import add_runtime_args, add_server_args, env_default, runtime_config, setup_logging
 
@@ -19,6 +20,7 @@ def main(argv: list[str] | None = None) -> None:
                         help="enables LoadDraft/UnloadDraft for callers sending 'authorization: Bearer TOKEN' "
                              "(prefer the env var: flags show in ps)")
     add_runtime_args(parser, "SPECDEC_DRAFT", DEFAULT_MODEL)
+    add_server_tls_args(parser, "SPECDEC_DRAFT")
     args = parser.parse_args(argv)
     setup_logging(args.log_level, args.log_format)
     run(args, runtime_config(args))

@@ -10,6 +10,7 @@ from draft_service.servicer import DraftServicer
 from engine.model_runner import RuntimeConfig
 from specdec.metrics import EngineSource, engine_registry
 from specdec.serving import RunningServer, serve_until_signal, start_server
+from specdec.tls import ServerTls, server_tls_config
 from specdec.v1 import draft_pb2, draft_pb2_grpc
 
 SERVICE_NAME = draft_pb2.DESCRIPTOR.services_by_name["DraftService"].full_name
@@ -17,16 +18,17 @@ SERVICE_NAME = draft_pb2.DESCRIPTOR.services_by_name["DraftService"].full_name
 
 async def start_draft_server(
     drafts: DraftRegistry, host: str = "127.0.0.1", port: int = 0, ready_file: Path | None = None,
-    admin_token: str | None = None, metrics_port: int | None = None,
+    admin_token: str | None = None, metrics_port: int | None = None, tls: ServerTls | None = None,
 ) -> RunningServer:
-    """`metrics_port`: serve Prometheus metrics there (0: a free port; None: not at all)."""
+    """`metrics_port`: serve Prometheus metrics there (0: a free port; None: not at all); `tls`:
+    serve over TLS (mTLS when it names a client CA)."""
     drafts.start()
     servicer = DraftServicer(drafts, admin_token)
     registry, _ = engine_registry("draft", lambda: _engine_sources(drafts), ["draft"])
     return await start_server(
         lambda server: draft_pb2_grpc.add_DraftServiceServicer_to_server(servicer, server),
         [SERVICE_NAME], host, port, ready_file, cleanup=drafts.stop,
-        metrics_registry=registry, metrics_port=metrics_port,
+        metrics_registry=registry, metrics_port=metrics_port, credentials=tls.credentials() if tls else None,
     )
 
 
@@ -40,7 +42,7 @@ async def _start(args: argparse.Namespace, config: RuntimeConfig) -> RunningServ
     drafts = DraftRegistry(model_loader(config, args.max_batch_size))
     await drafts.load(args.draft_name, NGRAM if args.drafter == "ngram" else config.model, make_default=True)
     return await start_draft_server(drafts, args.host, args.port, args.ready_file, args.admin_token or None,
-                                    args.metrics_port)
+                                    args.metrics_port, server_tls_config(args))
 
 
 def run(args: argparse.Namespace, config: RuntimeConfig) -> None:

@@ -11,6 +11,9 @@ import pytest
 from harness import generate
 
 from engine.model_runner import ModelRunner, RuntimeConfig
+from draft_service.registry import DraftRegistry
+from draft_service.server import start_draft_server
+from engine.model_drafter import ModelDrafter
 from gateway.config import GatewayConfig
 from gateway.server import start_gateway_server
 from specdec.errors import ServiceUnavailableError
@@ -97,3 +100,22 @@ def test_plaintext_client_cannot_reach_a_tls_target(mtls_target):
     with grpc.insecure_channel(f"127.0.0.1:{mtls_target.port}") as channel, pytest.raises(grpc.RpcError) as info:
         target_pb2_grpc.TargetServiceStub(channel).GetModelInfo(common_pb2.ModelInfoRequest(), timeout=5)
     assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+def test_mtls_to_both_model_services_speculates_with_exact_output(loop, mtls_target, model_dirs, pki, tokenizer,
+                                                                 hf_greedy):
+    drafter = ModelDrafter(ModelRunner(RuntimeConfig(model=str(model_dirs["identical"]), kv_cache_tokens=4096)))
+    tls = ServerTls(pki / "target.pem", pki / "target.key", client_ca_file=pki / "ca.pem")  # same CA, same host
+    draft = loop.run(start_draft_server(DraftRegistry.of(drafter), tls=tls))
+    config = GatewayConfig(f"127.0.0.1:{mtls_target.port}", f"127.0.0.1:{draft.port}",
+                           backend_tls=_client_tls(pki, "gateway"))
+    gateway = loop.run(start_gateway_server(config))
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{gateway.port}") as channel:
+            token_ids, _, final = generate(gateway_pb2_grpc.GatewayStub(channel), prompt="The quick brown fox",
+                                           max_new_tokens=12, num_draft_tokens=3)
+        assert token_ids == hf_greedy(tokenizer.encode("The quick brown fox"), 12)
+        assert final.stats.num_accepted_tokens > 0  # the identical draft, reached over mTLS
+    finally:
+        loop.run(gateway.stop())
+        loop.run(draft.stop())
