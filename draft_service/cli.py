@@ -4,9 +4,9 @@ from __future__ import annotations
 import argparse
 
 from draft_service.server import run
-from specdec.tls import add_server_tls_args
 from engine.model_source import DEFAULT_MODEL
 from specdec.cli_args import add_runtime_args, add_server_args, env_default, runtime_config, setup_logging
+from specdec.tls import add_server_tls_args
 
 
 def main(argv: list[str] | None = None) -> None:

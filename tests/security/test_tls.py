@@ -10,10 +10,10 @@ import grpc
 import pytest
 from harness import generate
 
-from engine.model_runner import ModelRunner, RuntimeConfig
 from draft_service.registry import DraftRegistry
 from draft_service.server import start_draft_server
 from engine.model_drafter import ModelDrafter
+from engine.model_runner import ModelRunner, RuntimeConfig
 from gateway.config import GatewayConfig
 from gateway.server import start_gateway_server
 from specdec.errors import ServiceUnavailableError
