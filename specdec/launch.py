@@ -26,7 +26,7 @@ from specdec.client import build_request, format_stats, stream
 DEFAULT_DRAFT = Path(__file__).resolve().parent.parent / "drafts" / "smollm2-135m-instruct-2l"
 # Draft tokens per verify step that measured fastest on a 2-core CPU (bench/results/cpu_default_pair.json,
 # bench/results/cpu_smollm2.json)
-DEFAULT_K = {"model": 2, "ngram": 4}
+DEFAULT_K = {"model": 1, "ngram": 4}
 
 
 @dataclass
