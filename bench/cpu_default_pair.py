@@ -19,7 +19,7 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import grpc
@@ -28,11 +28,11 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from distill.prompts import held_out_prompts  # noqa: E402
-from engine.model_source import DEFAULT_MODEL  # noqa: E402
-from specdec.client import build_request, stream  # noqa: E402
-from specdec.launch import DEFAULT_DRAFT, start_trio  # noqa: E402
-from specdec.v1 import draft_pb2, draft_pb2_grpc  # noqa: E402
+from distill.prompts import held_out_prompts
+from engine.model_source import DEFAULT_MODEL
+from specdec.client import build_request, stream
+from specdec.launch import DEFAULT_DRAFT, start_trio
+from specdec.v1 import draft_pb2, draft_pb2_grpc
 
 
 class Totals:
@@ -138,7 +138,7 @@ def main() -> None:
         "command": "python bench/cpu_default_pair.py " + " ".join(sys.argv[1:]),
         "machine": f"{platform.node()} {platform.machine()}, {os.cpu_count()} cores shared with other jobs, "
                    f"torch {torch.__version__}",
-        "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "when": datetime.now(UTC).isoformat(timespec="seconds"),
         "metrics": _rounded(metrics),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)

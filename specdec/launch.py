@@ -21,7 +21,6 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from engine.model_source import DEFAULT_MODEL
 from specdec.client import build_request, format_stats, stream
 
-
 # The distilled draft for DEFAULT_MODEL, shipped with the project (python -m distill; docs/distill.md)
 DEFAULT_DRAFT = Path(__file__).resolve().parent.parent / "drafts" / "smollm2-135m-instruct-2l"
 # Draft tokens per verify step that measured fastest on a 2-core CPU (bench/results/cpu_default_pair.json,
