@@ -102,7 +102,8 @@ def start_trio(args: argparse.Namespace, workdir: Path) -> tuple[Trio, str]:
     return trio, trio.wait_ready(gateway, args.timeout_s)
 
 
-def main(argv: list[str] | None = None) -> None:
+def launch_parser() -> argparse.ArgumentParser:
+    """The launcher's flags (benchmarks start the trio with them too; then call choose_draft)."""
     parser = argparse.ArgumentParser(prog="specdec-launch", description=__doc__)
     parser.add_argument("--target-model", default=os.environ.get("SPECDEC_TARGET_MODEL", DEFAULT_MODEL))
     parser.add_argument("--drafter", choices=["ngram", "model"], default=os.environ.get("SPECDEC_DRAFTER"),
@@ -116,6 +117,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--timeout-s", type=float, default=600)
     parser.add_argument("--log-level", default="WARNING")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = launch_parser()
     args = parser.parse_args(argv)
     choose_draft(args, parser)
     signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM stops the children too, like Ctrl-C
