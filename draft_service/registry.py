@@ -20,7 +20,7 @@ import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from engine.batching_loop import torch_thread
+from engine.batching_loop import ForwardObserver, torch_thread
 from engine.drafter import Drafter
 from engine.model_drafter import ModelDrafter
 from engine.model_runner import ModelRunner, RuntimeConfig
@@ -88,6 +88,7 @@ class DraftRegistry:
         self._default = ""
         self._loading = asyncio.Lock()
         self._started = False
+        self._observer: ForwardObserver | None = None
         self._stopping: set[asyncio.Task[None]] = set()
 
     @classmethod
@@ -201,8 +202,13 @@ class DraftRegistry:
                     f"has a different tokenizer than {what} (tokenizer {fingerprint[:12]}); a draft must use the "
                     "target's tokenizer")
 
-    @staticmethod
-    def _start(entry: _Entry) -> None:
+    def observe_forwards(self, observer: ForwardObserver) -> None:
+        """Every model drafter, loaded now or later, reports its batched steps to `observer`."""
+        self._observer = observer
+
+    def _start(self, entry: _Entry) -> None:
+        if self._observer is not None and hasattr(entry.drafter, "observe_forwards"):
+            entry.drafter.observe_forwards(self._observer)
         if not entry.started:
             entry.drafter.start_background()
             entry.started = True

@@ -22,9 +22,10 @@ async def start_draft_server(
 ) -> RunningServer:
     """`metrics_port`: serve Prometheus metrics there (0: a free port; None: not at all); `tls`:
     serve over TLS (mTLS when it names a client CA)."""
+    registry, forward_metrics = engine_registry("draft", lambda: _engine_sources(drafts), ["draft"])
+    drafts.observe_forwards(forward_metrics)
     drafts.start()
     servicer = DraftServicer(drafts, admin_token)
-    registry, _ = engine_registry("draft", lambda: _engine_sources(drafts), ["draft"])
     return await start_server(
         lambda server: draft_pb2_grpc.add_DraftServiceServicer_to_server(servicer, server),
         [SERVICE_NAME], host, port, ready_file, cleanup=drafts.stop,

@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from engine.batch import StepInput
-from engine.batching_loop import BatchingLoop
+from engine.batching_loop import BatchingLoop, ForwardObserver
 from engine.draft_loop import DraftLoop
 from engine.drafter import DraftSequence, ProposeTiming, check_propose
 from engine.kv_cache import KVAdmission
@@ -39,11 +39,16 @@ class ModelDrafter:
         self.description = runner.description
         self._max_draft_tokens = max_draft_tokens
         self._loop: BatchingLoop[_Job, tuple[list[int], ProposeTiming]] = BatchingLoop(
-            self._process, max_batch_size, executor)
+            self._process, max_batch_size, executor,
+            phase_of=lambda job: "prefill" if job.num_draft_tokens == 0 else "propose")
         self.admission = KVAdmission(runner.kv.config.num_blocks, runner.kv.block_size)
         self.draft_loop = DraftLoop(runner)  # on CUDA: captures its graphs (call on the torch thread)
         self._counters = {"num_active_sequences": 0, "num_sequences_started": 0, "num_forwards": 0,
                           "num_sequence_steps": 0}
+
+    def observe_forwards(self, observer: ForwardObserver) -> None:
+        """`observer` hears of every batched step: phase ("prefill", "propose", "mixed"), size, time."""
+        self._loop.observer = observer
 
     def start_background(self) -> None:
         self._loop.start()

@@ -109,6 +109,8 @@ def test_draft_metrics_follow_each_loaded_draft(observed_draft, observed_stub, s
     assert after.value("specdec_engine_cuda_graph_steps_total", draft="perturbed", result="miss") > 0
     (info,) = after.labelled("specdec_engine_model_info")
     assert info["role"] == "draft" and info["draft"] == "perturbed"
+    proposes = after.by_label("specdec_engine_forward_seconds_count", "phase")
+    assert proposes.get("propose", 0) + proposes.get("mixed", 0) > 0  # the per-forward histograms move too
 
 
 class _Records(logging.Handler):
