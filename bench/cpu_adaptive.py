@@ -1,0 +1,111 @@
+"""CPU benchmark of adaptive speculation: fixed k in {1, 2, 4} vs adaptive k vs target-only, for
+SmolLM2-135M and the default draft, through the three services, greedy and temperature 0.8, on two
+prompt sets (prompts whose answers quote them, where drafts do well, and open-ended ones).
+
+Same run, interleaved: every configuration runs on a prompt before the next prompt starts, over
+several rounds (this VM's speed drifts by tens of percent over minutes). Writes
+bench/results/cpu_adaptive.json with, per prompt set and temperature, tokens/s and acceptance of
+each configuration, and `adaptive_over_best_fixed` / `adaptive_over_target_only` as the worst case
+over prompt sets and temperatures.
+Usage: python bench/cpu_adaptive.py [--drafter model|ngram] [--rounds 2] [--max-new-tokens 48]
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
+
+from report import save_report  # noqa: E402
+from specdec.client import stream  # noqa: E402
+from specdec.launch import choose_draft, launch_parser, start_trio  # noqa: E402
+from specdec.v1 import gateway_pb2  # noqa: E402
+
+PROMPT_SETS = {
+    "quoting": [
+        "Rewrite this sentence in the passive voice: The committee approved the new budget after a long debate.",
+        "Fix the bug in this Python function and show the corrected code:\n"
+        "def mean(xs):\n    total = 0\n    for x in xs:\n        total += x\n    return total / len(x)",
+        "Repeat after me, then explain it: The quick brown fox jumps over the lazy dog.",
+    ],
+    "open": [
+        "What is the capital of France, and what is it famous for?",
+        "Write a short poem about the sea.",
+        "Give three tips for learning a new language.",
+    ],
+}
+TEMPERATURES = (0.0, 0.8)
+FIXED_KS = (1, 2, 4)
+
+
+def generate(address: str, prompt: str, max_new_tokens: int, temperature: float, k: int | None) -> gateway_pb2.GenerationStats:
+    request = gateway_pb2.GenerateRequest(max_new_tokens=max_new_tokens, temperature=temperature)
+    request.chat.messages.add(role="user", content=prompt)
+    if k is not None:  # unset: the gateway's adaptive policy chooses k per step
+        request.num_draft_tokens = k
+    return stream(address, request).final.stats
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--drafter", default=None, help="model or ngram; default: the launcher's default draft")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--max-new-tokens", type=int, default=48)
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "cpu_adaptive.json")
+    args = parser.parse_args()
+    parser = launch_parser()
+    launch_args = parser.parse_args(["--log-level", "WARNING", "-k", str(max(FIXED_KS)),
+                                     *(["--drafter", args.drafter] if args.drafter else [])])
+    choose_draft(launch_args, parser)  # the gateway's k (and the adaptive policy's cap) is max(FIXED_KS)
+    configs = {"target_only": 0, **{f"k{k}": k for k in FIXED_KS}, "adaptive": None}
+    seconds: dict[tuple, float] = defaultdict(float)
+    counts: dict[tuple, float] = defaultdict(float)
+    with tempfile.TemporaryDirectory() as tmp:
+        trio, address = start_trio(launch_args, Path(tmp))
+        try:
+            generate(address, "Hello", 8, 0.0, None)  # warm-up
+            for _ in range(args.rounds):
+                for set_name, prompts in PROMPT_SETS.items():
+                    for prompt in prompts:
+                        for temperature in TEMPERATURES:
+                            for name, k in configs.items():
+                                key = (set_name, temperature, name)
+                                start = time.perf_counter()
+                                stats = generate(address, prompt, args.max_new_tokens, temperature, k)
+                                seconds[key] += time.perf_counter() - start
+                                counts[key + ("tokens",)] += stats.num_completion_tokens
+                                counts[key + ("drafted",)] += stats.num_draft_tokens
+                                counts[key + ("accepted",)] += stats.num_accepted_tokens
+        finally:
+            trio.stop()
+    metrics: dict[str, float] = {}
+    over_best, over_target = [], []
+    for set_name in PROMPT_SETS:
+        for temperature in TEMPERATURES:
+            tok_s = {}
+            for name in configs:
+                key = (set_name, temperature, name)
+                tok_s[name] = counts[key + ("tokens",)] / seconds[key]
+                prefix = f"{set_name}_t{temperature:g}_{name}"
+                metrics[f"{prefix}_tok_s"] = tok_s[name]
+                if configs[name] != 0:
+                    drafted = counts[key + ("drafted",)]
+                    metrics[f"{prefix}_acceptance_rate"] = counts[key + ("accepted",)] / drafted if drafted else 0.0
+            best_fixed = max(tok_s[f"k{k}"] for k in FIXED_KS)
+            over_best.append(tok_s["adaptive"] / best_fixed)
+            over_target.append(tok_s["adaptive"] / tok_s["target_only"])
+            metrics[f"{set_name}_t{temperature:g}_adaptive_over_best_fixed"] = over_best[-1]
+            metrics[f"{set_name}_t{temperature:g}_adaptive_over_target_only"] = over_target[-1]
+    metrics["adaptive_over_best_fixed"] = min(over_best)
+    metrics["adaptive_over_target_only"] = min(over_target)
+    save_report("cpu_adaptive", metrics, args.out, draft=launch_args.draft_model or launch_args.drafter)
+
+
+if __name__ == "__main__":
+    main()
