@@ -61,7 +61,8 @@ def check_http_completion(http_address: str, prompt: str, max_new_tokens: int, e
 def check_generate(address: str, max_new_tokens: int, http_address: str | None) -> None:
     """Speculative greedy output must equal the target's own greedy output, token for token."""
     for prompt in PROMPTS[:3]:
-        speculative = generate(address, prompt, max_new_tokens, None)  # the gateway's default k
+        # k pinned: left to the gateway, adaptive k may rightly stop drafting for a draft that loses
+        speculative = generate(address, prompt, max_new_tokens, 4)
         target_only = generate(address, prompt, max_new_tokens, 0)
         print(f"prompt      : {prompt!r}")
         print(f"speculative : {speculative.text!r}\n              {format_stats(speculative.final)}")

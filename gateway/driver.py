@@ -24,7 +24,7 @@ from gateway.metrics import (
 )
 from gateway.output import CompletionOutput, Finish
 from gateway.request import GenerationParams, parse_request
-from gateway.speculation_policy import SpeculationPolicy
+from gateway.speculation_policy import SpeculationHistory, SpeculationPolicy
 from gateway.speculative_loop import speculative_generate
 from gateway.stats import RequestStats
 from specdec.errors import InvalidRequestError, ServiceUnavailableError
@@ -56,6 +56,7 @@ class Driver:
         self.max_model_len = min(lengths)
         self._eos_token_ids = list(backends.target_info.eos_token_ids)
         self._admission = RequestAdmission(config.max_concurrent_requests, config.max_queued_requests)
+        self._histories: dict[str, SpeculationHistory] = {}  # per draft name: what its requests measured
 
     def prepare(self, request: gateway_pb2.GenerateRequest, api: str) -> GenerationParams:
         """Validates and tokenizes; raises InvalidRequestError with a message for the client."""
@@ -84,7 +85,8 @@ class Driver:
         gauge = self.metrics.waiting
         gauge.inc()
         try:
-            policy = SpeculationPolicy(params.num_draft_tokens) if params.adaptive else None
+            history = self._histories.setdefault(params.draft_model, SpeculationHistory())
+            policy = SpeculationPolicy(params.num_draft_tokens, history=history) if params.adaptive else None
             steps = speculative_generate(params.prompt_ids, params.max_new_tokens, params.num_draft_tokens,
                                          streams, self._config.max_target_retries, params.sampling, policy)
             async with aclosing(steps):

@@ -11,8 +11,13 @@ is measured) and the draft's mean per-token time. Each step takes the k in [0, k
 committed tokens per second, E(k) / (t_verify(k) + t_draft(k) + t_rpc), so speculation grows while
 everything is accepted, shrinks as acceptance falls or verifies get expensive, and switches off
 (k = 0) where it would lose. It explores: the k just below the best is tried once when it has no
-measurement (the line needs two points), and while off it probes k = 1 every `probe_every` steps,
-so it notices when the draft starts agreeing again.
+measurement (the line needs two points), and while off it probes k = 1 every `probe_every` steps
+(twice as long after each probe that accepted nothing), so it notices when the draft starts
+agreeing again.
+
+Requests learn from each other: a `SpeculationHistory` per draft (kept by the gateway) follows the
+estimates of the requests that used it, slowly, and a new request starts from it instead of from the
+optimistic prior - so with a draft that loses, requests after the first start at k = 0.
 
 Output is unaffected: the loop is lossless for every k. A request can pin k instead
 (GenerateRequest.num_draft_tokens).
@@ -34,20 +39,42 @@ class _Average:
 
 
 @dataclass
+class SpeculationHistory:
+    """What the requests that used one draft measured, followed slowly (weight per step)."""
+
+    weight: float = 0.05
+    acceptance: _Average = field(init=False)
+    verify_s: dict[int, _Average] = field(default_factory=dict)
+    draft_s_per_token: _Average = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.acceptance = _Average(self.weight)
+        self.draft_s_per_token = _Average(self.weight)
+
+
+@dataclass
 class SpeculationPolicy:
     k_max: int
     acceptance_prior: float = 0.8  # optimistic: start by speculating, measure, then adjust
     weight: float = 0.3  # of the newest step in the moving averages
     rpc_s: float = 2e-4  # one extra round trip per step when drafting (measured ~0.2 ms on loopback)
     probe_every: int = 8
+    history: SpeculationHistory | None = None  # shared with the draft's other requests
     _acceptance: _Average = field(init=False)
     _verify_s: dict[int, _Average] = field(default_factory=dict, init=False)
     _draft_s_per_token: _Average = field(init=False)
     _steps_off: int = field(default=0, init=False)
+    _probe_interval: int = field(default=0, init=False)
+    _probing: bool = field(default=False, init=False)
 
     def __post_init__(self) -> None:
-        self._acceptance = _Average(self.weight, self.acceptance_prior)
-        self._draft_s_per_token = _Average(self.weight)
+        h = self.history
+        learned = h is not None and h.acceptance.value is not None
+        self._acceptance = _Average(self.weight, h.acceptance.value if learned else self.acceptance_prior)
+        self._draft_s_per_token = _Average(self.weight, h.draft_s_per_token.value if learned else None)
+        if learned:
+            self._verify_s = {k: _Average(self.weight, a.value) for k, a in h.verify_s.items() if k <= self.k_max}
+        self._probe_interval = self.probe_every
 
     def next_k(self) -> int:
         """The k for the next step."""
@@ -60,7 +87,9 @@ class SpeculationPolicy:
             return best - 1  # one measurement below the best: the verify-time line needs two points
         if best == 0:
             self._steps_off += 1
-            if self._steps_off % self.probe_every == 0:
+            if self._steps_off >= self._probe_interval:
+                self._steps_off = 0
+                self._probing = True
                 return 1
         else:
             self._steps_off = 0
@@ -68,13 +97,20 @@ class SpeculationPolicy:
 
     def record(self, k: int, num_accepted: int, verify_s: float, draft_s: float) -> None:
         """What a step of k draft tokens gave: accepted tokens and the two services' forward times."""
-        self._verify_s.setdefault(k, _Average(self.weight)).add(verify_s)
-        if k > 0:
-            # the accepted prefix ends at the first rejection: k trials of which num_accepted succeeded,
-            # one failed unless all were accepted (a geometric sample of the acceptance probability)
-            trials = num_accepted + (1 if num_accepted < k else 0)
-            self._acceptance.add(num_accepted / trials)
-            self._draft_s_per_token.add(draft_s / k)
+        averages = [(self._verify_s, self._acceptance, self._draft_s_per_token)]
+        if self.history is not None:
+            h = self.history
+            averages.append((h.verify_s, h.acceptance, h.draft_s_per_token))
+        for verify, acceptance, draft in averages:
+            verify.setdefault(k, _Average(acceptance.weight)).add(verify_s)
+            if k > 0:
+                # the accepted prefix ends at the first rejection: k trials of which num_accepted
+                # succeeded, one failed unless all were accepted (a geometric sample of acceptance)
+                acceptance.add(num_accepted / (num_accepted + (1 if num_accepted < k else 0)))
+                draft.add(draft_s / k)
+        if self._probing:  # a probe that found nothing: probe half as often; one that found agreement: as usual
+            self._probe_interval = self._probe_interval * 2 if num_accepted == 0 else self.probe_every
+            self._probing = False
 
     @property
     def acceptance(self) -> float:

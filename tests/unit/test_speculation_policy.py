@@ -2,7 +2,7 @@
 trades acceptance against the measured cost of longer verifies."""
 from __future__ import annotations
 
-from gateway.speculation_policy import SpeculationPolicy
+from gateway.speculation_policy import SpeculationHistory, SpeculationPolicy
 
 MS = 1e-3
 
@@ -22,17 +22,28 @@ def test_always_right_draft_speculates_up_to_the_cap():
     assert ks[-10:] == [6] * 10
 
 
-def test_always_wrong_draft_switches_speculation_off_and_only_probes():
-    ks = _run(SpeculationPolicy(k_max=6, probe_every=8), 64, accepted_of=lambda k: 0, verify_s_of=lambda k: 5 * MS)
-    tail = ks[-32:]
-    assert set(tail) <= {0, 1} and tail.count(1) == 4  # off, with a k = 1 probe every 8 steps
+def test_always_wrong_draft_switches_speculation_off_and_probes_ever_less_often():
+    ks = _run(SpeculationPolicy(k_max=6, probe_every=8), 100, accepted_of=lambda k: 0, verify_s_of=lambda k: 5 * MS)
+    assert set(ks[10:]) <= {0, 1}
+    probes = [i for i, k in enumerate(ks) if k == 1 and i >= 10]
+    gaps = [b - a for a, b in zip(probes, probes[1:])]
+    assert len(probes) >= 2 and gaps == sorted(gaps) and gaps[-1] > gaps[0]  # 8, 16, 32 ... steps apart
+
+
+def test_a_new_request_starts_from_what_earlier_requests_of_its_draft_measured():
+    history = SpeculationHistory()
+    for _ in range(3):  # three requests with a draft that is always wrong
+        _run(SpeculationPolicy(k_max=4, history=history), 30, accepted_of=lambda k: 0, verify_s_of=lambda k: 5 * MS)
+    fresh = SpeculationPolicy(k_max=4)
+    assert fresh.next_k() == 4  # no history: optimistic
+    assert SpeculationPolicy(k_max=4, history=history).next_k() == 0  # history: off from the first step
 
 
 def test_speculation_comes_back_when_the_draft_starts_agreeing():
-    policy = SpeculationPolicy(k_max=4, probe_every=4)
-    _run(policy, 40, accepted_of=lambda k: 0, verify_s_of=lambda k: 5 * MS)
+    policy = SpeculationPolicy(k_max=4, probe_every=2)
+    _run(policy, 12, accepted_of=lambda k: 0, verify_s_of=lambda k: 5 * MS)
     assert policy.next_k() in (0, 1)
-    ks = _run(policy, 40, accepted_of=lambda k: k, verify_s_of=lambda k: 5 * MS)
+    ks = _run(policy, 60, accepted_of=lambda k: k, verify_s_of=lambda k: 5 * MS)
     assert ks[-5:] == [4] * 5
 
 
