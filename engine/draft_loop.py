@@ -167,8 +167,8 @@ class DraftLoop:
             outputs = graph.run()
         n = len(steps)
         tokens = outputs[0][:n].tolist()  # the host sync
-        probs = list(zip(outputs[1][:n].tolist(), outputs[2][:n].tolist())) if sampled else [([], [])] * n
-        probs = [list(zip(ids, q)) for ids, q in probs]  # per token: (candidate ids, q)
+        probs = [list(zip(ids, q)) for ids, q in zip(outputs[1][:n].tolist(), outputs[2][:n].tolist())] \
+            if sampled else [[] for _ in steps]  # per token: (candidate ids, q)
         for s in steps:
             s.kv.commit(len(s.token_ids) + k - 1)
         self.num_forwards += k

@@ -45,6 +45,9 @@ class Delta:
     num_completion_tokens: int = 0
 
 
+MAX_DRAFT_HISTORIES = 64
+
+
 class Driver:
     def __init__(self, config: GatewayConfig, backends: Backends, tokenizer: PreTrainedTokenizerBase,
                  metrics: GatewayMetrics) -> None:
@@ -85,8 +88,8 @@ class Driver:
         gauge = self.metrics.waiting
         gauge.inc()
         try:
-            history = self._histories.setdefault(params.draft_model, SpeculationHistory())
-            policy = SpeculationPolicy(params.num_draft_tokens, history=history) if params.adaptive else None
+            policy = SpeculationPolicy(params.num_draft_tokens, history=self._history(params.draft_model)) \
+                if params.adaptive else None
             steps = speculative_generate(params.prompt_ids, params.max_new_tokens, params.num_draft_tokens,
                                          streams, self._config.max_target_retries, params.sampling, policy)
             async with aclosing(steps):
@@ -119,6 +122,16 @@ class Driver:
         stats.draft_forward_ns = streams.forward_ns(DraftStream)
         self._record(stats, output.num_tokens)
         yield Delta([], "", output.finish, stats, output.num_tokens)
+
+    def _history(self, draft_model: str) -> SpeculationHistory:
+        """The draft's shared estimates; at most MAX_DRAFT_HISTORIES names (clients choose the names,
+        unknown ones included), the least recently created dropped first."""
+        history = self._histories.get(draft_model)
+        if history is None:
+            if len(self._histories) >= MAX_DRAFT_HISTORIES:
+                del self._histories[next(iter(self._histories))]
+            history = self._histories[draft_model] = SpeculationHistory()
+        return history
 
     def _record(self, stats: RequestStats, num_completion_tokens: int) -> None:
         self.metrics.ttft.observe(stats.time_to_first_token_s)
