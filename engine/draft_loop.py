@@ -19,7 +19,7 @@ from tqdm import tqdm
 from engine.batch import ForwardBatch, StepInput
 from engine.cuda_graphs import capture, fill_static_batch, static_batch
 from engine.kv_cache import SCRATCH_BLOCK
-from engine.model_runner import ModelRunner
+from engine.model_runner import POSITION_HEADROOM, ModelRunner
 from engine.sampling import Distribution, SamplingParams, as_int64, sample_draft
 
 
@@ -75,6 +75,8 @@ class DraftLoop:
     def __init__(self, runner: ModelRunner, config: LoopConfig = LoopConfig(), device_loop: bool | None = None) -> None:
         """`device_loop`: feed proposals back on the device (default: when the runner uses CUDA graphs,
         and then captured); True without graphs runs the same loop uncaptured (tests it on CPU)."""
+        if config.max_steps + 2 > POSITION_HEADROOM:
+            raise ValueError(f"max_steps {config.max_steps} needs more than the runner's {POSITION_HEADROOM} positions of headroom")
         self._runner = runner
         self._config = config
         self._loops: dict[tuple[int, int, int, bool], _DeviceLoop] = {}

@@ -124,7 +124,7 @@ class DecoderLayer(nn.Module):
 class CausalLM(nn.Module):
     """Token ids of a varlen batch -> logits at the requested rows, reading/writing paged KV."""
 
-    def __init__(self, hf_model: nn.Module, max_model_len: int) -> None:
+    def __init__(self, hf_model: nn.Module, max_positions: int) -> None:
         super().__init__()
         config = hf_model.config
         check_supported(config)
@@ -140,7 +140,7 @@ class CausalLM(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(l, self.shape, config.rms_norm_eps) for l in inner.layers)
         self.norm, self.eps = inner.norm.weight, config.rms_norm_eps
         self.lm_head = hf_model.lm_head
-        cos, sin = _rope_tables(inner.rotary_emb, max_model_len, self.embed_tokens.weight)
+        cos, sin = _rope_tables(inner.rotary_emb, max_positions, self.embed_tokens.weight)
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
         self.stages = LayerStages()

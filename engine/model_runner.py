@@ -60,6 +60,12 @@ class ModelDescription:
     eos_token_ids: list[int]
 
 
+# Positions past max_model_len a forward may hold: a batched draft loop feeds every row up to the
+# batch's longest proposal, so a sequence at the end of its context runs a few steps beyond it
+# (their K/V is reserved and rolled back; their tokens are never returned).
+POSITION_HEADROOM = 16
+
+
 class ModelRunner:
     """A loaded model plus its paged KV pool. Not thread-safe: one caller (the batching loop)."""
 
@@ -68,7 +74,7 @@ class ModelRunner:
         loaded = loaded or load_pretrained(config.model, dtype, device, config.cache_dir)
         hf_config = loaded.hf_model.config
         self.max_model_len = _max_model_len(hf_config, config.max_model_len)
-        self.model = CausalLM(loaded.hf_model, self.max_model_len)
+        self.model = CausalLM(loaded.hf_model, self.max_model_len + POSITION_HEADROOM)
         self.tokenizer = loaded.tokenizer
         shape = self.model.shape
         num_tokens = config.kv_cache_tokens

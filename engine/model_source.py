@@ -18,6 +18,7 @@ import json
 import logging
 import os
 import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -115,7 +116,9 @@ def converted_gguf_dir(gguf_path: Path, cache_dir: Path) -> Path:
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    staging = target.with_name(target.name + f".tmp{os.getpid()}")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # unique per process and host: containers sharing a cache volume may have the same pid
+    staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=target.name + ".tmp"))
     model.save_pretrained(staging)
     tokenizer.save_pretrained(staging)
     try:

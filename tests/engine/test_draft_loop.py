@@ -49,3 +49,19 @@ def test_device_loop_proposes_what_the_stepwise_loop_proposes(model_dirs, sample
     runner = lambda: ModelRunner(RuntimeConfig(model=str(model_dirs["perturbed"]), kv_cache_tokens=4096))  # noqa: E731
     device_loop, stepwise = DraftLoop(runner(), device_loop=True), DraftLoop(runner(), device_loop=False)
     check_device_loop_matches_stepwise(device_loop, stepwise, sampled=sampled)
+
+
+def test_a_sequence_at_the_end_of_its_context_batches_with_a_longer_proposal(model_dirs):
+    # the device loop feeds every row up to the batch's longest proposal: the full sequence's extra
+    # steps run past max_model_len, and must neither fail nor change what either sequence gets
+    config = RuntimeConfig(model=str(model_dirs["perturbed"]), kv_cache_tokens=1024, max_model_len=40)
+    device_loop, stepwise = DraftLoop(ModelRunner(config), device_loop=True), DraftLoop(ModelRunner(config))
+    out = {}
+    for loop in (device_loop, stepwise):
+        full, short = loop._runner.kv.new_sequence(), loop._runner.kv.new_sequence()
+        loop._runner.forward([StepInput(full, list(range(5, 43)), 0), StepInput(short, [7, 8, 9], 0)])
+        out[loop] = loop.propose([StepInput(full, [44], 1), StepInput(short, [10], 1)], [1, 8])
+        full.release(), short.release()
+    assert [p.token_ids for p in out[device_loop]] == [p.token_ids for p in out[stepwise]]
+    assert [len(p.token_ids) for p in out[device_loop]] == [1, 8]
+    assert device_loop._runner.kv.allocator.num_used == 0
