@@ -1,10 +1,13 @@
 """`python -m distill`: distil a small draft model for a target (hub id, directory or GGUF).
 
 Stages, each resumable (re-run the same command after a kill):
-  1. data:   the target's greedy answers to `--num-prompts` chat prompts -> WORK/data/shard-*.pt
-             (plus its answers to the held-out prompts -> WORK/held_out/, for the agreement metric)
-  2. train:  the draft's layers, initialised from `--layers` of the target -> WORK/checkpoint.pt
-  3. export: OUT/model.safetensors (the trained layers) + OUT/specdec_draft.json (names the target)
+  1. data:   the target's greedy answers to `--num-prompts` chat prompts -> WORK/data/shard-*.pt,
+             plus `--samples-per-prompt` sampled answers each -> WORK/sampled-T/ (and its greedy
+             answers to the held-out prompts -> WORK/held_out/, for the agreement metric)
+  2. train:  the draft's layers, initialised from `--layers` of the target, against the target as a
+             teacher (its argmax, distribution and hidden states) -> WORK/checkpoint.pt
+  3. export: OUT/model.safetensors (the trained layers, the reduced head's token ids) +
+             OUT/specdec_draft.json (names the target)
 Logs: WORK/log.jsonl (one JSON object per shard, step, evaluation). OUT loads anywhere a model spec
 goes, e.g. `python -m draft_service --drafter model --model OUT`.
 """
@@ -19,11 +22,12 @@ from pathlib import Path
 
 import torch
 
-from distill.data import add_teacher_hidden, generate_shards, load_records
+from distill.data import coverage, generate_shards, load_records, select_vocab
 from distill.export import export_draft
 from distill.prompts import held_out_prompts, training_prompts
-from distill.train import TrainConfig, train
+from distill.train import TrainConfig, log_event, train
 from engine.model_source import DEFAULT_MODEL, default_cache_dir, keep_layers, load_pretrained
+from engine.subset_head import SubsetLMHead
 from engine.tokenizer_info import eos_token_ids
 
 
@@ -31,6 +35,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m distill", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--target", default=DEFAULT_MODEL, help="the target model spec (default: %(default)s)")
+    parser.add_argument("--record-target", default=None,
+                        help="the target spec written into the draft (default: --target); e.g. the package spec when "
+                             "training from a copy of its file on another machine")
     parser.add_argument("--out", type=Path, required=True, help="the draft directory to write")
     parser.add_argument("--work", type=Path, required=True, help="data, checkpoints and log (not for git)")
     parser.add_argument("--layers", default="0,-1",
@@ -38,10 +45,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--num-prompts", type=int, default=2048)
     parser.add_argument("--max-new-tokens", type=int, default=128, help="answer length generated per prompt")
     parser.add_argument("--gen-batch-size", type=int, default=64)
+    parser.add_argument("--samples-per-prompt", type=int, default=0,
+                        help="sampled answers per prompt besides the greedy one (variety; default: %(default)s)")
+    parser.add_argument("--sample-temperature", type=float, default=0.8)
+    parser.add_argument("--data-minutes", type=float, default=None,
+                        help="data generation time limit; training uses the shards made by then")
+    parser.add_argument("--draft-vocab", type=int, default=8192,
+                        help="rows of the draft's LM head: the most frequent answer tokens (0: the whole vocabulary)")
     parser.add_argument("--batch-size", type=int, default=16, help="training sequences per step")
     parser.add_argument("--lr", type=float, default=5e-4)
+    parser.add_argument("--kl-weight", type=float, default=1.0,
+                        help="weight of KL(target || draft) at every answer position (0: off)")
     parser.add_argument("--hidden-weight", type=float, default=1.0,
-                        help="weight of the final-hidden-state regression to the target (0: cross-entropy only)")
+                        help="weight of the final-hidden-state regression to the target (0: off)")
     parser.add_argument("--epochs", type=float, default=2.0)
     parser.add_argument("--max-minutes", type=float, default=None, help="training time limit; exports what it has")
     parser.add_argument("--checkpoint-every", type=int, default=50)
@@ -60,34 +76,44 @@ def main(argv: list[str] | None = None) -> dict:
         torch.set_num_threads(args.threads)
     args.work.mkdir(parents=True, exist_ok=True)
     log_file = args.work / "log.jsonl"
-    with log_file.open("a") as f:
-        f.write(json.dumps({"time": round(time.time(), 1), "event": "start",
-                            "args": {k: str(v) for k, v in vars(args).items()}}) + "\n")
+    log_event(log_file, {"event": "start", "args": {k: str(v) for k, v in vars(args).items()}})
+    if args.device.startswith("cuda"):
+        torch.backends.cuda.matmul.allow_tf32 = True  # training only; the data is generated before this matters
     started = time.perf_counter()
     device = torch.device(args.device)
     loaded = load_pretrained(args.target, torch.float32, device, default_cache_dir())
     target, tokenizer = loaded.hf_model, loaded.tokenizer
     eos = eos_token_ids(tokenizer, getattr(target.generation_config, "eos_token_id", None))
 
-    shards = generate_shards(target, tokenizer, training_prompts(args.num_prompts, args.seed), args.work / "data",
-                             args.gen_batch_size, args.max_new_tokens, eos, log_file)
-    held_out = generate_shards(target, tokenizer, held_out_prompts(), args.work / "held_out",
-                               args.gen_batch_size, args.max_new_tokens, eos, log_file)
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
-    if args.hidden_weight:
-        add_teacher_hidden(target, shards, args.batch_size, pad_id)
+    deadline = None if args.data_minutes is None else time.monotonic() + args.data_minutes * 60
+    prompts = training_prompts(args.num_prompts, args.seed)
+    generate = lambda prompts, out_dir, **kw: generate_shards(  # noqa: E731
+        target, tokenizer, prompts, out_dir, args.gen_batch_size, args.max_new_tokens, eos, log_file, **kw)
+    held_out = generate(held_out_prompts(), args.work / "held_out")
+    shards = generate(prompts, args.work / "data", deadline=deadline)
+    if args.samples_per_prompt:
+        shards += generate(prompts * args.samples_per_prompt, args.work / f"sampled-{args.sample_temperature:g}",
+                           temperature=args.sample_temperature, seed=args.seed, deadline=deadline)
     records, held_out_records = load_records(shards), load_records(held_out)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
 
     num_target_layers = len(target.model.layers)
     source_layers = tuple(int(i) % num_target_layers for i in args.layers.split(","))
-    draft = keep_layers(target, [copy.deepcopy(target.model.layers[i]) for i in source_layers])
+    draft = keep_layers(copy.deepcopy(target), [copy.deepcopy(target.model.layers[i]) for i in source_layers])
+    if 0 < args.draft_vocab < target.config.vocab_size:
+        vocab_ids = select_vocab(records, args.draft_vocab, eos)
+        draft.lm_head = SubsetLMHead(target.lm_head.weight, vocab_ids)
+        log_event(log_file, {"event": "draft_vocab", "size": len(vocab_ids),
+                        "held_out_answer_coverage": round(coverage(held_out_records, vocab_ids), 4)})
     config = TrainConfig(source_layers=source_layers, batch_size=args.batch_size, lr=args.lr, epochs=args.epochs,
-                         max_minutes=args.max_minutes, hidden_weight=args.hidden_weight, checkpoint_every=args.checkpoint_every,
+                         max_minutes=args.max_minutes, kl_weight=args.kl_weight, hidden_weight=args.hidden_weight,
+                         draft_vocab=args.draft_vocab, checkpoint_every=args.checkpoint_every,
                          eval_every=args.eval_every, seed=args.seed)
-    summary = train(draft, records, held_out_records, config, args.work, pad_id, device, log_file)
+    summary = train(draft, target, records, held_out_records, config, args.work, pad_id, device, log_file)
     summary["wall_seconds_this_run"] = round(time.perf_counter() - started, 1)
-    export_draft(draft, tokenizer, args.out, args.target, source_layers, getattr(torch, args.dtype),
+    export_draft(draft, tokenizer, args.out, args.record_target or args.target, source_layers, getattr(torch, args.dtype),
                  {"train": asdict(config), **summary, "num_prompts": args.num_prompts,
+                  "samples_per_prompt": args.samples_per_prompt, "sample_temperature": args.sample_temperature,
                   "max_new_tokens": args.max_new_tokens})
     print(json.dumps(summary))
     return summary

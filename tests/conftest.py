@@ -24,9 +24,9 @@ from gateway.server import start_gateway_server  # noqa: E402
 from harness import LoopThread, channel  # noqa: E402
 from specdec.v1 import draft_pb2_grpc, gateway_pb2_grpc, target_pb2_grpc  # noqa: E402
 from target_service.server import start_target_server  # noqa: E402
-from tiny_models import build_model_dir, build_tokenizer  # noqa: E402
+from tiny_models import build_model_dir, build_reduced_head_draft, build_tokenizer  # noqa: E402
 
-DRAFTS = ("identical", "perturbed", "unrelated", "ngram")
+DRAFTS = ("identical", "perturbed", "unrelated", "reduced_head", "ngram")
 
 
 @pytest.fixture(scope="session")
@@ -43,6 +43,7 @@ def model_dirs(tmp_path_factory, tokenizer) -> dict[str, Path]:
         "identical": target,
         "perturbed": build_model_dir(root / "perturbed", tokenizer, seed=1, perturb_from=target, perturb_scale=0.05),
         "unrelated": build_model_dir(root / "unrelated", tokenizer, seed=2),
+        "reduced_head": build_reduced_head_draft(root / "reduced_head", target),
         "other_tokenizer": build_model_dir(root / "other_tok", build_tokenizer(vocab_size=330), seed=3),
     }
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import AutoModelForCausalLM, LlamaConfig, PreTrainedTokenizerFast, Qwen2Config
+from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, PreTrainedTokenizerFast, Qwen2Config
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -64,3 +64,17 @@ def build_model_dir(
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
+
+
+def build_reduced_head_draft(path: Path, target: Path, keep_every: int = 2) -> Path:
+    """A distilled-draft directory (the export path of `python -m distill`) holding all of the target's
+    layers but only every `keep_every`-th row of its LM head: it proposes the target's own token
+    wherever that token is one of its rows, and something else where it is not."""
+    from distill.export import export_draft
+    from engine.subset_head import SubsetLMHead
+
+    model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(target)
+    model.lm_head = SubsetLMHead(model.lm_head.weight, torch.arange(0, model.config.vocab_size, keep_every))
+    layers = tuple(range(model.config.num_hidden_layers))
+    return export_draft(model, tokenizer, path, str(target), layers, torch.float32, {"test": "reduced head"})

@@ -24,7 +24,8 @@ def _events(log_file, name):
 def _args(target, out, work, *extra):
     return ["--target", str(target), "--out", str(out), "--work", str(work), "--layers", "1", "--num-prompts", "12",
             "--max-new-tokens", "6", "--gen-batch-size", "8", "--batch-size", "4", "--epochs", "2",
-            "--device", "cpu", "--eval-every", "2", "--checkpoint-every", "100", "--dtype", "float32", *extra]
+            "--device", "cpu", "--eval-every", "2", "--checkpoint-every", "100", "--dtype", "float32",
+            "--draft-vocab", "0", *extra]
 
 
 def test_distill_resumes_and_the_draft_loads_with_the_targets_tokenizer(model_dirs, tmp_path):
@@ -32,7 +33,6 @@ def test_distill_resumes_and_the_draft_loads_with_the_targets_tokenizer(model_di
     first = distill(_args(target, out, work, "--max-minutes", "0"))  # stops (and checkpoints) after one step
     assert first["stopped_early"] and first["step"] == 1
     assert len(list((work / "data").glob("shard-?????.pt"))) == 2
-    assert len(list((work / "data").glob("shard-?????.hidden.pt"))) == 2  # the teacher states
     second = distill(_args(target, out, work))
     log = work / "log.jsonl"
     assert _events(log, "resume") == [{"time": _events(log, "resume")[0]["time"], "event": "resume", "step": 1}]
@@ -45,7 +45,7 @@ def test_distill_resumes_and_the_draft_loads_with_the_targets_tokenizer(model_di
     assert meta["num_layers"] == 1 and meta["source_layers"] == [1] and meta["target"] == str(target)
     draft = ModelRunner(RuntimeConfig(model=str(out), kv_cache_tokens=1024))
     target_runner = ModelRunner(RuntimeConfig(model=str(target), kv_cache_tokens=1024))
-    assert draft.model.shape.num_layers == 1
+    assert draft.model.shape.num_layers == 1 and meta["head_rows"] is None
     assert draft.description.tokenizer_fingerprint == target_runner.description.tokenizer_fingerprint
     assert draft.description.vocab_size == target_runner.description.vocab_size
     # the shipped layer is the trained one; embedding and head are the target's
@@ -74,3 +74,23 @@ def test_a_draft_on_another_tokenizer_is_refused(model_dirs, tmp_path):
     (out / DRAFT_FILE).write_text(json.dumps(meta))
     with pytest.raises(UnsupportedModelError, match="different tokenizer"):
         load_pretrained(str(out), torch.float32, torch.device("cpu"), tmp_path / "cache")
+
+
+def test_a_reduced_head_draft_proposes_only_its_tokens_and_stays_lossless(model_dirs, tmp_path):
+    target, out, work = model_dirs["target"], tmp_path / "draft", tmp_path / "work"
+    summary = distill(_args(target, out, work, "--epochs", "0.5", "--draft-vocab", "40", "--samples-per-prompt", "1"))
+    log = work / "log.jsonl"
+    assert len(list((work / "sampled-0.8").glob("shard-?????.pt"))) == 2  # 12 sampled answers, 8 a shard
+    assert summary["num_train_sequences"] == 24  # greedy + sampled answers
+    (vocab_event,) = _events(log, "draft_vocab")
+    assert vocab_event["size"] == 40 and 0 < vocab_event["held_out_answer_coverage"] <= 1
+    meta = json.loads((out / DRAFT_FILE).read_text())
+    assert meta["head_rows"] == 40
+    draft = ModelRunner(RuntimeConfig(model=str(out), kv_cache_tokens=1024))
+    vocab_ids = draft.model.lm_head.vocab_ids
+    logits = draft.forward([StepInput(draft.kv.new_sequence(), [1, 2, 3], num_logits=3)])[0]
+    assert logits.shape == (3, draft.description.vocab_size)
+    outside = torch.ones(draft.description.vocab_size, dtype=torch.bool)
+    outside[vocab_ids] = False
+    assert torch.isneginf(logits[:, outside]).all() and torch.isfinite(logits[:, vocab_ids]).all()
+    assert set(logits.argmax(-1).tolist()) <= set(vocab_ids.tolist())

@@ -16,7 +16,7 @@ MAX_NEW_TOKENS = 24
 
 
 @pytest.mark.parametrize("k", [1, 3, 5])
-@pytest.mark.parametrize("draft", ["identical", "perturbed", "unrelated", "ngram"])
+@pytest.mark.parametrize("draft", ["identical", "perturbed", "unrelated", "reduced_head", "ngram"])
 def test_concurrent_requests_match_target_greedy(draft, k, gateway_stub, tokenizer, hf_greedy, pool):
     stub = gateway_stub(draft)
     futures = [pool.submit(generate, stub, prompt=p, max_new_tokens=MAX_NEW_TOKENS, num_draft_tokens=k)
@@ -47,6 +47,19 @@ def test_perturbed_draft_is_partly_rejected(gateway_stub):
         totals[0] += final.stats.num_accepted_tokens
         totals[1] += final.stats.num_draft_tokens
     assert 0 < totals[0] < totals[1]
+
+
+def test_reduced_head_draft_is_accepted_exactly_where_its_rows_hold_the_targets_token(gateway_stub, tokenizer, hf_greedy):
+    """The target itself with only the even LM-head rows: its token is the target's wherever that is even."""
+    accepted = drafted = 0
+    for prompt in PROMPTS:
+        expected = hf_greedy(tokenizer.encode(prompt), MAX_NEW_TOKENS)
+        tokens, _, final = generate(gateway_stub("reduced_head"), prompt=prompt, max_new_tokens=MAX_NEW_TOKENS,
+                                    num_draft_tokens=1)
+        assert tokens == expected
+        assert final.stats.num_accepted_tokens <= sum(t % 2 == 0 for t in expected)
+        accepted, drafted = accepted + final.stats.num_accepted_tokens, drafted + final.stats.num_draft_tokens
+    assert 0 < accepted < drafted
 
 
 def test_speculation_off_matches_target_greedy(gateway_stub, tokenizer, hf_greedy):
