@@ -30,6 +30,7 @@ class Verified:
 class Proposal:
     token_ids: list[int]
     probs: list[Distribution]  # sampled requests: the distribution each token was drawn from
+    forward_ns: int = 0  # the draft's forward time for this proposal
 
 
 class StreamLost(ServiceUnavailableError):
@@ -132,7 +133,8 @@ class DraftStream(_BidiStream):
             num_accepted_draft_tokens=num_accepted, append_ids=append_ids, num_draft_tokens=num_draft_tokens
         )
         response = await self.ask(draft_pb2.DraftRequest(propose=command))
-        return Proposal(list(response.proposal.draft_ids), distributions(response.proposal.draft_probs))
+        return Proposal(list(response.proposal.draft_ids), distributions(response.proposal.draft_probs),
+                        response.forward_ns)
 
     def _is_lost(self, code: grpc.StatusCode) -> bool:
         return code not in DRAFT_REQUEST_ERRORS

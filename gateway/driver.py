@@ -88,8 +88,7 @@ class Driver:
         gauge = self.metrics.waiting
         gauge.inc()
         try:
-            policy = SpeculationPolicy(params.num_draft_tokens, history=self._history(params.draft_model)) \
-                if params.adaptive else None
+            policy = self._policy(params) if params.adaptive else None
             steps = speculative_generate(params.prompt_ids, params.max_new_tokens, params.num_draft_tokens,
                                          streams, self._config.max_target_retries, params.sampling, policy)
             async with aclosing(steps):
@@ -122,6 +121,12 @@ class Driver:
         stats.draft_forward_ns = streams.forward_ns(DraftStream)
         self._record(stats, output.num_tokens)
         yield Delta([], "", output.finish, stats, output.num_tokens)
+
+    def _policy(self, params: GenerationParams) -> SpeculationPolicy:
+        """An adaptive request's policy: it starts from what its draft's requests measured and shares
+        their probe schedule (a draft that loses is probed rarely over all of them)."""
+        history = self._history(params.draft_model)
+        return SpeculationPolicy(params.num_draft_tokens, history=history, probes=history.probes)
 
     def _history(self, draft_model: str) -> SpeculationHistory:
         """The draft's shared estimates; at most MAX_DRAFT_HISTORIES names (clients choose the names,

@@ -1,16 +1,17 @@
 """The speculative decoding loop of one request: propose -> verify -> commit/rollback.
 
   draft proposes k tokens after the committed ones (from its own KV cache; k from the request, or
-    per step from gateway/speculation_policy.py);
+    per step from gateway/speculation_policy.py; while k = 0 the draft is not asked at all, and
+    its sequence is opened by the first step that drafts: gateway/lazy_draft.py);
   target runs all k + 1 positions in one forward and commits the accepted prefix plus one token
   of its own (recovered at the first mismatch, bonus if all matched) - exactly its greedy output,
     or for sampled requests a rejection-sampling verify that keeps its distribution (engine/sampling.py);
   draft is told how many of its tokens survived and rolls its KV cache back to them.
 
 Faults: a lost draft ends speculation for the request, which decodes on target-only (k = 0). A
-lost target replica is replaced: a new target stream (another replica) and a new draft stream
-are prefilled with everything committed so far, and the target's prefill token is the next
-token - exactly what the lost replica's next verify would have committed first.
+lost target replica is replaced: a new target stream (another replica) and a new draft sequence
+(when a step drafts) are prefilled with everything committed so far, and the target's prefill
+token is the next token - exactly what the lost replica's next verify would have committed first.
 """
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ from contextlib import aclosing
 from dataclasses import dataclass
 
 from engine.sampling import SamplingParams
-from gateway.backends import DraftLost, DraftStream, Proposal, RequestStreams, TargetLost, TargetStream
+from gateway.backends import Proposal, RequestStreams, TargetLost, TargetStream
+from gateway.lazy_draft import LazyDraft
 from gateway.speculation_policy import SpeculationPolicy
 from specdec.errors import ServiceUnavailableError
 
@@ -78,30 +80,27 @@ async def _decode(
     context_ids: list[int], max_new_tokens: int, num_draft_tokens: int, streams: RequestStreams,
     sampling: SamplingParams, policy: SpeculationPolicy | None,
 ) -> AsyncIterator[Step]:
-    """Prefills `context_ids` on a new target stream (and a new draft stream), then speculates."""
+    """Prefills `context_ids` on a new target stream (and a new draft sequence, when the first step
+    drafts; else the first step that drafts opens it), then speculates."""
     target = streams.open_target()
-    draft = streams.open_draft() if num_draft_tokens > 0 else None
+    draft = LazyDraft(streams, context_ids, max_new_tokens, sampling) \
+        if num_draft_tokens > 0 and streams.use_draft else None
     try:  # prefill both models at once
-        first, draft = await asyncio.gather(target.prefill(context_ids, max_new_tokens, sampling),
-                                            _start_draft(draft, context_ids, max_new_tokens, sampling))
+        first, _ = await asyncio.gather(target.prefill(context_ids, max_new_tokens, sampling),
+                                        _open_early(draft, policy))
     except TargetLost:
         await _close(target, draft)
         raise
+    if draft is not None:
+        draft.commit([first])
     yield Step([first], 0, 0)
     num_generated = 1
-    # what the draft has not heard yet: how much of its last proposal survived, tokens to append
-    num_accepted, append_ids = 0, [first]
     while num_generated < max_new_tokens:
         # a verify commits up to k + 1 tokens; never run past max_new_tokens
-        k = min(policy.next_k() if policy else num_draft_tokens, max_new_tokens - num_generated - 1) if draft else 0
-        proposal = Proposal([], [])
-        draft_ns, target_ns = draft.forward_ns if draft else 0, target.forward_ns
-        if k > 0:
-            try:
-                proposal = await draft.propose(num_accepted, append_ids, k)
-            except DraftLost as lost:
-                draft = await _drop_draft(draft, lost)
-                k = 0
+        k = min(policy.next_k() if policy else num_draft_tokens, max_new_tokens - num_generated - 1) \
+            if draft is not None and not draft.is_lost else 0
+        proposal = await draft.propose(k) if k > 0 else Proposal([], [])
+        target_ns = target.forward_ns
         try:
             verified = await target.verify(proposal)
         except TargetLost:
@@ -109,34 +108,22 @@ async def _decode(
             raise
         if policy is not None:
             policy.record(len(proposal.token_ids), verified.num_accepted, (target.forward_ns - target_ns) / 1e9,
-                          ((draft.forward_ns if draft else 0) - draft_ns) / 1e9)
-        if k > 0:
-            num_accepted, append_ids = verified.num_accepted, verified.committed_ids[-1:]
-        else:
-            append_ids = append_ids + verified.committed_ids
+                          proposal.forward_ns / 1e9)
+        if draft is not None:
+            draft.commit(verified.committed_ids, verified.num_accepted)
         num_generated += len(verified.committed_ids)
         yield Step(verified.committed_ids, len(proposal.token_ids), verified.num_accepted)
 
 
-async def _start_draft(draft: DraftStream | None, prompt_ids: list[int], max_new_tokens: int,
-                       sampling: SamplingParams) -> DraftStream | None:
-    """The started draft stream, or None: no draft, or it was lost (the request runs target-only)."""
-    if draft is None:
-        return None
-    try:
-        await draft.start(prompt_ids, max_new_tokens, sampling)
-    except DraftLost as lost:
-        return await _drop_draft(draft, lost)
-    return draft
+async def _open_early(draft: LazyDraft | None, policy: SpeculationPolicy | None) -> None:
+    """Opens the draft alongside the target's prefill when the first step will draft (a pinned k, or
+    estimates that favour drafting); a request that starts at k = 0 leaves the draft service alone."""
+    if draft is not None and (policy is None or policy.is_drafting):
+        await draft.open()
 
 
-async def _close(target: TargetStream, draft: DraftStream | None) -> None:
+async def _close(target: TargetStream, draft: LazyDraft | None) -> None:
     """Ends both streams of a lost replica's attempt at once (their services free the sequences)."""
     await target.close()
     if draft is not None:
         await draft.close()
-
-
-async def _drop_draft(draft: DraftStream, lost: DraftLost) -> None:
-    log.warning("%s; the request continues target-only", lost)
-    await draft.close()

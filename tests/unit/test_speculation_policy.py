@@ -2,7 +2,9 @@
 trades acceptance against the measured cost of longer verifies."""
 from __future__ import annotations
 
-from gateway.speculation_policy import SpeculationHistory, SpeculationPolicy
+from itertools import pairwise
+
+from gateway.speculation_policy import ProbeSchedule, SpeculationHistory, SpeculationPolicy
 
 MS = 1e-3
 
@@ -23,7 +25,7 @@ def test_always_right_draft_speculates_up_to_the_cap():
 
 
 def test_always_wrong_draft_switches_speculation_off_and_probes_ever_less_often():
-    ks = _run(SpeculationPolicy(k_max=6, probe_every=8), 100, accepted_of=lambda k: 0, verify_s_of=lambda k: 5 * MS)
+    ks = _run(SpeculationPolicy(k_max=6, probes=ProbeSchedule(every=8)), 100, accepted_of=lambda k: 0, verify_s_of=lambda k: 5 * MS)
     assert set(ks[10:]) <= {0, 1}
     probes = [i for i, k in enumerate(ks) if k == 1 and i >= 10]
     gaps = [b - a for a, b in zip(probes, probes[1:])]
@@ -39,8 +41,27 @@ def test_a_new_request_starts_from_what_earlier_requests_of_its_draft_measured()
     assert SpeculationPolicy(k_max=4, history=history).next_k() == 0  # history: off from the first step
 
 
+def test_requests_of_a_losing_draft_share_one_probe_schedule_that_backs_off_to_its_cap():
+    history = SpeculationHistory(probes=ProbeSchedule(every=8, max_interval=64))
+    ks = []
+    for _ in range(40):  # forty 24-step requests with a draft that is always wrong
+        policy = SpeculationPolicy(k_max=4, history=history, probes=history.probes)
+        ks += _run(policy, 24, accepted_of=lambda k: 0, verify_s_of=lambda k: 5 * MS)
+    probes = [i for i, k in enumerate(ks) if k > 0 and i >= 24]  # after the first request's exploration
+    gaps = [b - a for a, b in pairwise(probes)]
+    assert gaps == sorted(gaps) and gaps[-1] == 64  # backs off over requests, not from scratch in each one
+    assert len(probes) < 20  # per-request schedules would probe at least twice in each of 39 requests
+
+
+def test_a_request_that_starts_off_does_not_want_its_draft_opened():
+    history = SpeculationHistory()
+    _run(SpeculationPolicy(k_max=4, history=history), 30, accepted_of=lambda k: 0, verify_s_of=lambda k: 5 * MS)
+    assert SpeculationPolicy(k_max=4).is_drafting  # optimistic: the draft is prefilled with the target
+    assert not SpeculationPolicy(k_max=4, history=history, probes=history.probes).is_drafting
+
+
 def test_speculation_comes_back_when_the_draft_starts_agreeing():
-    policy = SpeculationPolicy(k_max=4, probe_every=2)
+    policy = SpeculationPolicy(k_max=4, probes=ProbeSchedule(every=2))
     _run(policy, 12, accepted_of=lambda k: 0, verify_s_of=lambda k: 5 * MS)
     assert policy.next_k() in (0, 1)
     ks = _run(policy, 60, accepted_of=lambda k: k, verify_s_of=lambda k: 5 * MS)

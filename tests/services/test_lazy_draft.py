@@ -1,0 +1,94 @@
+"""A request at k = 0 leaves the draft service alone: its draft sequence is opened by the first step
+that drafts, prefilled with the prompt and everything committed so far in one catch-up, and freed at
+the end like any other. Counted on the draft service itself (its engine stats), real servers."""
+from __future__ import annotations
+
+import time
+
+from harness import channel, generate
+
+from engine.sampling import SamplingParams
+from gateway.backends import Backends, RequestStreams
+from gateway.config import GatewayConfig
+from gateway.lazy_draft import LazyDraft
+from gateway.server import start_gateway_server
+from specdec.v1 import common_pb2, gateway_pb2_grpc
+
+PROMPTS = ["The quick brown fox", "def add(a, b):\n    return", "Speculative decoding is"]
+
+
+def _draft_stats(draft_stub) -> common_pb2.EngineStats:
+    return draft_stub.GetEngineStats(common_pb2.EngineStatsRequest())
+
+
+def _wait_draft_idle(draft_stub, timeout_s: float = 10) -> None:
+    deadline = time.monotonic() + timeout_s
+    while (stats := _draft_stats(draft_stub)).num_active_sequences or stats.num_kv_blocks_used:
+        assert time.monotonic() < deadline, f"the draft kept a sequence: {stats}"
+        time.sleep(0.05)
+
+
+async def _backends(target_port: int, draft_port: int) -> Backends:
+    return Backends(f"127.0.0.1:{target_port}", f"127.0.0.1:{draft_port}")  # its channels belong to the loop
+
+
+def test_late_opened_draft_catches_up_on_everything_committed(loop, target_server, draft_servers, draft_stub,
+                                                              tokenizer, hf_greedy):
+    prompt_ids = tokenizer.encode("The quick brown fox")
+    expected = hf_greedy(prompt_ids, 20)
+    assert len(expected) >= 13
+    identical = draft_stub("identical")  # the target's own weights: a right catch-up proposes its next tokens
+    before = _draft_stats(identical)
+
+    backends = loop.run(_backends(target_server.port, draft_servers["identical"].port))
+    streams = RequestStreams(backends, "", use_draft=True, timeout_s=60)
+    draft = LazyDraft(streams, prompt_ids, 20, SamplingParams())
+    try:
+        for token_id in expected[:10]:  # ten steps at k = 0: nothing reaches the draft service
+            draft.commit([token_id])
+        num_started_while_off = _draft_stats(identical).num_sequences_started
+        proposed = loop.run(draft.propose(3)).token_ids
+    finally:
+        loop.run(streams.close())
+        loop.run(backends.close())
+    assert num_started_while_off == before.num_sequences_started
+    assert proposed == expected[10:13]
+    after = _draft_stats(identical)
+    assert after.num_sequences_started == before.num_sequences_started + 1
+    _wait_draft_idle(identical)
+
+
+def test_request_at_k0_makes_no_draft_calls_and_a_later_probe_keeps_output_identical(
+        loop, target_server, draft_servers, draft_stub, gateway_stub):
+    """A fresh gateway learns that the unrelated draft loses; its later requests start at k = 0, and
+    the shared probe schedule has one of them try k = 1 now and then."""
+    config = GatewayConfig(f"127.0.0.1:{target_server.port}", f"127.0.0.1:{draft_servers['unrelated'].port}")
+    server = loop.run(start_gateway_server(config))
+    unrelated = draft_stub("unrelated")
+    try:
+        with channel(server.port) as c:
+            stub = gateway_pb2_grpc.GatewayStub(c)
+            generate(stub, prompt=PROMPTS[0], max_new_tokens=64)  # explores, learns that the draft loses
+            seen_off = seen_probe = False
+            for i in range(30):
+                if seen_off and seen_probe:
+                    break
+                prompt = PROMPTS[i % len(PROMPTS)]
+                before = _draft_stats(unrelated)
+                tokens, _, final = generate(stub, prompt=prompt, max_new_tokens=24)  # k left to the policy
+                after = _draft_stats(unrelated)
+                assert tokens == generate(gateway_stub("none"), prompt=prompt, max_new_tokens=24)[0]
+                by_k = list(final.stats.num_steps_by_k)
+                if len(by_k) == 1:  # every step at k = 0: the draft service never heard of the request
+                    seen_off = True
+                    assert final.stats.num_draft_tokens == 0 and final.stats.draft_forward_s == 0
+                    assert after.num_sequences_started == before.num_sequences_started
+                    assert after.num_forwards == before.num_forwards
+                elif by_k[0] > 0:  # off, then a probe: opened late, once
+                    seen_probe = True
+                    assert after.num_sequences_started == before.num_sequences_started + 1
+                _wait_draft_idle(unrelated)
+            assert seen_off and seen_probe
+    finally:
+        loop.run(server.stop())
+
