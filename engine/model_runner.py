@@ -71,6 +71,11 @@ class ModelRunner:
 
     def __init__(self, config: RuntimeConfig, loaded: LoadedModel | None = None) -> None:
         device, dtype = torch.device(config.device), DTYPES[config.dtype]
+        if device.type == "cuda":
+            # this thread's own stream, never the legacy default stream (which syncs with every other):
+            # a draft loading and capturing graphs beside one serving on another thread leaves its capture intact
+            self.stream = torch.cuda.Stream(device)
+            torch.cuda.set_stream(self.stream)
         loaded = loaded or load_pretrained(config.model, dtype, device, config.cache_dir)
         hf_config = loaded.hf_model.config
         self.max_model_len = _max_model_len(hf_config, config.max_model_len)

@@ -52,16 +52,31 @@ def test_swap_in_the_middle_of_concurrent_requests_fails_none_and_stays_lossless
         swap_trio, gateway_stub, model_dirs, pool):
     draft, gateway, _ = swap_trio
     expected = {p: generate(gateway_stub("none"), prompt=p, max_new_tokens=48)[0] for p in PROMPTS}
-    futures = [pool.submit(generate, gateway, prompt=p, max_new_tokens=48, num_draft_tokens=4) for p in PROMPTS * 2]
+    prompts = iter(PROMPTS * 100)
+    submitted: dict[concurrent.futures.Future, str] = {}
+
+    def submit() -> None:
+        prompt = next(prompts)
+        submitted[pool.submit(generate, gateway, prompt=prompt, max_new_tokens=48, num_draft_tokens=4)] = prompt
+
+    for _ in range(6):
+        submit()
     while draft.GetEngineStats(common_pb2.EngineStatsRequest()).num_active_sequences < 4:
         time.sleep(0.005)  # wait until requests are in flight on the first draft
-    loaded = draft.LoadDraft(draft_pb2.LoadDraftRequest(name="second", model=str(model_dirs["identical"]),
-                                                        make_default=True), metadata=AUTH)
+    load = pool.submit(draft.LoadDraft, draft_pb2.LoadDraftRequest(name="second", model=str(model_dirs["identical"]),
+                                                                   make_default=True), metadata=AUTH)
+    while not load.done():  # keep 6 requests in flight until the swap lands (seconds on a GPU: it captures graphs)
+        done, _ = concurrent.futures.wait([f for f in submitted if not f.done()] + [load],
+                                          return_when=concurrent.futures.FIRST_COMPLETED)
+        for _ in done - {load}:
+            submit()
+    assert not all(f.done() for f in submitted), "the swap should land while requests are in flight"
+    loaded = load.result()
     assert loaded.loaded.is_default and loaded.loaded.info.model_id == str(model_dirs["identical"])
-    assert not all(f.done() for f in futures), "the swap should land while requests are in flight"
-    futures += [pool.submit(generate, gateway, prompt=p, max_new_tokens=48, num_draft_tokens=4) for p in PROMPTS]
-    results = [f.result(timeout=120) for f in futures]  # raises if any request failed
-    assert [tokens for tokens, _, _ in results] == [expected[p] for p in PROMPTS * 3]
+    for _ in PROMPTS:
+        submit()
+    for future, prompt in submitted.items():
+        assert future.result(timeout=120)[0] == expected[prompt]  # raises if any request failed
     assert _drafts(draft) == {"first": False, "second": True}
     # requests after the swap ran on the identical draft: every proposal accepted
     _, _, final = generate(gateway, prompt="After the swap", max_new_tokens=16, num_draft_tokens=4)
