@@ -11,6 +11,7 @@ from engine.attention import paged_attention_reference
 from engine.batch import StepInput, build_forward_batch
 from engine.cuda_graphs import CudaGraphRunner, GraphConfig
 from engine.kv_cache import KVCacheConfig, KVPool
+from engine.linear import use_cpu_linear
 from engine.llama import AttentionFn, CausalLM
 from engine.model_source import LoadedModel, default_cache_dir, load_pretrained
 from engine.tokenizer_info import eos_token_ids, tokenizer_fingerprint
@@ -80,6 +81,8 @@ class ModelRunner:
         hf_config = loaded.hf_model.config
         self.max_model_len = _max_model_len(hf_config, config.max_model_len)
         self.model = CausalLM(loaded.hf_model, self.max_model_len + POSITION_HEADROOM)
+        if device.type == "cpu":
+            use_cpu_linear(self.model)  # few-row forwards (verify, catch-up) in MKL's fast form: engine/linear.py
         self.tokenizer = loaded.tokenizer
         shape = self.model.shape
         num_tokens = config.kv_cache_tokens

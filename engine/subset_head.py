@@ -11,6 +11,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from engine.linear import linear
+
 
 class SubsetLMHead(nn.Module):
     def __init__(self, full_weight: torch.Tensor, vocab_ids: torch.Tensor) -> None:
@@ -23,8 +25,8 @@ class SubsetLMHead(nn.Module):
         self.register_buffer("vocab_ids", ids)
         self.weight = nn.Parameter(full_weight.detach()[ids].clone(), requires_grad=False)
 
-    def subset_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [..., len(vocab_ids)]
-        return hidden @ self.weight.t()
+    def subset_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [rows, len(vocab_ids)]
+        return linear(hidden, self.weight)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:  # [..., vocab_size], -inf outside the subset
         sub = self.subset_logits(hidden)
