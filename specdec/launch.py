@@ -82,7 +82,16 @@ class Trio:
 
 
 def start_trio(args: argparse.Namespace, workdir: Path) -> tuple[Trio, str]:
+    """Starts target, draft and gateway; if any fails to come up, stops those started and re-raises."""
     trio = Trio(workdir)
+    try:
+        return trio, _start(trio, args)
+    except BaseException:
+        trio.stop()
+        raise
+
+
+def _start(trio: Trio, args: argparse.Namespace) -> str:
     common = ["--log-level", args.log_level]
     dtype = ["--dtype", args.dtype] if args.dtype else []
     target = trio.spawn("target", "target_service", ["--model", args.target_model, *dtype, *common])
@@ -99,7 +108,7 @@ def start_trio(args: argparse.Namespace, workdir: Path) -> tuple[Trio, str]:
         "--target", target_address, "--draft", draft_address,
         "--num-draft-tokens", str(args.num_draft_tokens), *common,
     ])
-    return trio, trio.wait_ready(gateway, args.timeout_s)
+    return trio.wait_ready(gateway, args.timeout_s)
 
 
 def launch_parser() -> argparse.ArgumentParser:

@@ -78,3 +78,14 @@ def test_demo_command_streams_an_answer_and_stops_everything():
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip()
     assert "acceptance=" in result.stderr and "stopped all services" in result.stderr
+
+
+def test_a_trio_whose_draft_fails_to_start_leaves_no_process_behind(model_dirs, tmp_path):
+    import psutil
+
+    args = argparse.Namespace(target_model=str(model_dirs["target"]), drafter="model", draft_model=str(tmp_path / "none"),
+                              num_draft_tokens=3, timeout_s=120, log_level="ERROR", dtype=None)
+    before = {p.pid for p in psutil.Process().children()}
+    with pytest.raises(RuntimeError, match="draft exited"):
+        start_trio(args, tmp_path)
+    assert {p.pid for p in psutil.Process().children() if p.is_running() and p.status() != psutil.STATUS_ZOMBIE} <= before
