@@ -22,7 +22,7 @@ from engine.model_source import DEFAULT_MODEL
 from specdec.client import build_request, format_stats, stream
 
 # The distilled draft for DEFAULT_MODEL, shipped with the project (python -m distill; docs/distill.md)
-DEFAULT_DRAFT = Path(__file__).resolve().parent.parent / "drafts" / "smollm2-135m-instruct-2l"
+DEFAULT_DRAFT = Path(__file__).resolve().parent.parent / "drafts" / "smollm2-135m-instruct-4l"
 # Draft tokens per verify step that measured fastest on a 2-core CPU (bench/results/cpu_default_pair.json,
 # bench/results/cpu_smollm2.json)
 DEFAULT_K = {"model": 1, "ngram": 4}
