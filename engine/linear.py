@@ -1,17 +1,19 @@
-"""Linear layers for few-row inputs on CPU.
+"""Linear layers on CPU, in the product forms MKL is fast at for the row count.
 
-On the development VM (MKL sgemm, AVX-512) `F.linear` on 2-9 rows, the shape of a verify or a draft
-catch-up forward, runs far slower than on one row: 2-4x the time of a decode step for SmolLM2's
-matrices, so a 3-token verify cost about 3 decode steps and speculation lost. Computing the same
-product transposed, (W @ x^T)^T, reads the weight in the order MKL's few-column path is fast at:
-measured over SmolLM2's layer matrices (30 layers + LM head, fp32, median of 15):
+On the development VM (MKL sgemm, AVX-512), over SmolLM2's layer matrices (30 layers + LM head,
+fp32, median of 15, ms):
 
-    rows            1     2     3     5     9     16    64
-    F.linear (ms)   30    53    130   91    62    76    188
-    (W @ x^T)^T     30    25    37    46    48    47    153
+    rows                     1     2     3     5     9     16    64
+    F.linear(x, W)           30    53    130   91    62    76    188
+    (W @ x^T)^T              30    25    37    46    48    47    153
+    x @ W^T (stored [in, out]) 18  40    89    135   69    94    213
 
-So CPU forwards of 2..64 rows take the transposed form; one row (decode) and larger batches keep
-`F.linear`. GPUs (cuBLAS) keep `F.linear` everywhere.
+`F.linear` on 2-9 rows (a verify, a draft catch-up) cost up to 4 times one row, so a 3-token verify
+cost about 3 decode steps; and one row is fastest against a weight stored transposed. So a CPU
+linear keeps a transposed copy of its weight for one-row forwards (decode, each draft step: the
+SmolLM2 target's decode forward 70 -> 49 ms) and takes (W @ x^T)^T for 2..64 rows (its 3-token
+verify 145 -> 48 ms). The copy doubles the CPU weight memory of the linears (the SmolLM2 target:
++0.5 GB). GPUs (cuBLAS) keep `F.linear` everywhere.
 """
 from __future__ import annotations
 
@@ -31,13 +33,17 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 
 class CpuLinear(nn.Module):
-    """An nn.Linear's weights behind `linear` (shares the tensors, copies nothing)."""
+    """An nn.Linear's weights (shared) plus a transposed copy, each product in its fast form."""
 
     def __init__(self, layer: nn.Linear) -> None:
         super().__init__()
         self.weight, self.bias = layer.weight, layer.bias
+        self.register_buffer("weight_t", layer.weight.detach().t().contiguous(), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() == 2 and x.shape[0] == 1:
+            out = x @ self.weight_t
+            return out if self.bias is None else out + self.bias
         return linear(x, self.weight, self.bias)
 
 

@@ -11,8 +11,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from engine.linear import linear
-
 
 class SubsetLMHead(nn.Module):
     def __init__(self, full_weight: torch.Tensor, vocab_ids: torch.Tensor) -> None:
@@ -23,10 +21,12 @@ class SubsetLMHead(nn.Module):
             raise ValueError(f"vocab_ids must be distinct token ids in [0, {full_weight.shape[0]})")
         self.vocab_size = full_weight.shape[0]
         self.register_buffer("vocab_ids", ids)
-        self.weight = nn.Parameter(full_weight.detach()[ids].clone(), requires_grad=False)
+        self.rows = nn.Linear(full_weight.shape[1], len(ids), bias=False, device=full_weight.device,
+                              dtype=full_weight.dtype)
+        self.rows.weight = nn.Parameter(full_weight.detach()[ids].clone(), requires_grad=False)
 
-    def subset_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [rows, len(vocab_ids)]
-        return linear(hidden, self.weight)
+    def subset_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [..., len(vocab_ids)]
+        return self.rows(hidden)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:  # [..., vocab_size], -inf outside the subset
         sub = self.subset_logits(hidden)

@@ -22,10 +22,11 @@ def test_linear_matches_f_linear(rows, with_bias):
 
 def test_use_cpu_linear_swaps_nested_linears_and_shares_their_weights():
     model = nn.Sequential(nn.Linear(8, 16), nn.Sequential(nn.ReLU(), nn.Linear(16, 4, bias=False)))
-    x = torch.randn(3, 8)
-    expected = model(x)
+    inputs = [torch.randn(rows, 8) for rows in (1, 3, 80)]  # the transposed copy, the transposed product, F.linear
+    expected = [model(x) for x in inputs]
     weight = model[1][1].weight
     use_cpu_linear(model)
     assert isinstance(model[0], CpuLinear) and isinstance(model[1][1], CpuLinear)
     assert model[1][1].weight is weight
-    torch.testing.assert_close(model(x), expected)
+    for x, out in zip(inputs, expected):
+        torch.testing.assert_close(model(x), out, rtol=1e-5, atol=1e-5)
