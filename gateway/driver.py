@@ -59,7 +59,8 @@ class Driver:
         self.max_model_len = min(lengths)
         self._eos_token_ids = list(backends.target_info.eos_token_ids)
         self._admission = RequestAdmission(config.max_concurrent_requests, config.max_queued_requests)
-        self._histories: dict[str, SpeculationHistory] = {}  # per draft name: what its requests measured
+        # per (draft name, greedy?): what its requests measured (greedy and sampled requests accept differently)
+        self._histories: dict[tuple[str, bool], SpeculationHistory] = {}
 
     def prepare(self, request: gateway_pb2.GenerateRequest, api: str) -> GenerationParams:
         """Validates and tokenizes; raises InvalidRequestError with a message for the client."""
@@ -125,17 +126,17 @@ class Driver:
     def _policy(self, params: GenerationParams) -> SpeculationPolicy:
         """An adaptive request's policy: it starts from what its draft's requests measured and shares
         their probe schedule (a draft that loses is probed rarely over all of them)."""
-        history = self._history(params.draft_model)
+        history = self._history((params.draft_model, params.sampling.is_greedy))
         return SpeculationPolicy(params.num_draft_tokens, history=history, probes=history.probes)
 
-    def _history(self, draft_model: str) -> SpeculationHistory:
-        """The draft's shared estimates; at most MAX_DRAFT_HISTORIES names (clients choose the names,
-        unknown ones included), the least recently created dropped first."""
-        history = self._histories.get(draft_model)
+    def _history(self, key: tuple[str, bool]) -> SpeculationHistory:
+        """The shared estimates of a draft's greedy or sampled requests; at most MAX_DRAFT_HISTORIES
+        (clients choose the names, unknown ones included), the least recently created dropped first."""
+        history = self._histories.get(key)
         if history is None:
             if len(self._histories) >= MAX_DRAFT_HISTORIES:
                 del self._histories[next(iter(self._histories))]
-            history = self._histories[draft_model] = SpeculationHistory()
+            history = self._histories[key] = SpeculationHistory()
         return history
 
     def _record(self, stats: RequestStats, num_completion_tokens: int) -> None:

@@ -23,8 +23,9 @@ twice as many after each probe that accepted nothing, at most `max_interval` (25
 again after a probe that accepted a token. So a losing draft is probed about once per 256 target
 steps over all its requests (well under 1% of the time on a CPU), not twice per request.
 
-Requests learn from each other: a `SpeculationHistory` per draft (kept by the gateway) follows the
-estimates of the requests that used it, slowly, and a new request starts from it instead of from the
+Requests learn from each other: a `SpeculationHistory` per draft and decoding mode (greedy or sampled:
+they accept differently; kept by the gateway) follows the estimates of the requests that used it,
+slowly, and a new request starts from it instead of from the
 optimistic prior - so with a draft that loses, requests after the first start at k = 0 (and, unless
 a probe falls due, never open the draft).
 
