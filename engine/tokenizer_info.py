@@ -10,11 +10,11 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 
 def tokenizer_fingerprint(tokenizer: PreTrainedTokenizerBase) -> str:
-    """sha256 over the vocabulary (token -> id) and the special tokens."""
-    payload = {
-        "vocab": sorted(tokenizer.get_vocab().items()),
-        "special": sorted(str(t) for t in tokenizer.all_special_tokens),
-    }
+    """sha256 over the vocabulary (token -> id): what a draft and a target must share, since they
+    exchange token ids. Special-token roles (EOS, pad) are left out: they are the target's to decide,
+    and transformers versions read them differently from the same file (SmolLM2's GGUF: EOS id 1 in
+    5.17, id 2 in 5.24, with the same vocabulary)."""
+    payload = {"vocab": sorted(tokenizer.get_vocab().items())}
     return hashlib.sha256(json.dumps(payload).encode()).hexdigest()
 
 
