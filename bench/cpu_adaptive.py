@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
-import time
 from collections import defaultdict
 from pathlib import Path
 
@@ -23,9 +22,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
 from report import save_report  # noqa: E402
-from specdec.client import stream  # noqa: E402
 from specdec.launch import choose_draft, launch_parser, start_trio  # noqa: E402
 from specdec.v1 import gateway_pb2  # noqa: E402
+from totals import Totals, timed_generate  # noqa: E402
 
 PROMPT_SETS = {
     "quoting": [
@@ -44,12 +43,12 @@ TEMPERATURES = (0.0, 0.8)
 FIXED_KS = (1, 2, 4)
 
 
-def generate(address: str, prompt: str, max_new_tokens: int, temperature: float, k: int | None) -> gateway_pb2.GenerationStats:
+def run(address: str, prompt: str, max_new_tokens: int, temperature: float, k: int | None, totals: Totals) -> None:
     request = gateway_pb2.GenerateRequest(max_new_tokens=max_new_tokens, temperature=temperature)
     request.chat.messages.add(role="user", content=prompt)
     if k is not None:  # unset: the gateway's adaptive policy chooses k per step
         request.num_draft_tokens = k
-    return stream(address, request).final.stats
+    timed_generate(address, request, totals)
 
 
 def main() -> None:
@@ -64,24 +63,18 @@ def main() -> None:
                                      *(["--drafter", args.drafter] if args.drafter else [])])
     choose_draft(launch_args, parser)  # the gateway's k (and the adaptive policy's cap) is max(FIXED_KS)
     configs = {"target_only": 0, **{f"k{k}": k for k in FIXED_KS}, "adaptive": None}
-    seconds: dict[tuple, float] = defaultdict(float)
-    counts: dict[tuple, float] = defaultdict(float)
+    totals: dict[tuple, Totals] = defaultdict(Totals)
     with tempfile.TemporaryDirectory() as tmp:
         trio, address = start_trio(launch_args, Path(tmp))
         try:
-            generate(address, "Hello", 8, 0.0, None)  # warm-up
+            run(address, "Hello", 8, 0.0, None, Totals())  # warm-up
             for _ in range(args.rounds):
                 for set_name, prompts in PROMPT_SETS.items():
                     for prompt in prompts:
                         for temperature in TEMPERATURES:
                             for name, k in configs.items():
-                                key = (set_name, temperature, name)
-                                start = time.perf_counter()
-                                stats = generate(address, prompt, args.max_new_tokens, temperature, k)
-                                seconds[key] += time.perf_counter() - start
-                                counts[key + ("tokens",)] += stats.num_completion_tokens
-                                counts[key + ("drafted",)] += stats.num_draft_tokens
-                                counts[key + ("accepted",)] += stats.num_accepted_tokens
+                                run(address, prompt, args.max_new_tokens, temperature, k,
+                                    totals[(set_name, temperature, name)])
         finally:
             trio.stop()
     metrics: dict[str, float] = {}
@@ -90,13 +83,12 @@ def main() -> None:
         for temperature in TEMPERATURES:
             tok_s = {}
             for name in configs:
-                key = (set_name, temperature, name)
-                tok_s[name] = counts[key + ("tokens",)] / seconds[key]
+                t = totals[(set_name, temperature, name)]
+                tok_s[name] = t.tok_s()
                 prefix = f"{set_name}_t{temperature:g}_{name}"
                 metrics[f"{prefix}_tok_s"] = tok_s[name]
                 if configs[name] != 0:
-                    drafted = counts[key + ("drafted",)]
-                    metrics[f"{prefix}_acceptance_rate"] = counts[key + ("accepted",)] / drafted if drafted else 0.0
+                    metrics[f"{prefix}_acceptance_rate"] = t.ratio("accepted", "drafted")
             best_fixed = max(tok_s[f"k{k}"] for k in FIXED_KS)
             over_best.append(tok_s["adaptive"] / best_fixed)
             over_target.append(tok_s["adaptive"] / tok_s["target_only"])

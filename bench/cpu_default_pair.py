@@ -6,63 +6,37 @@ batch 1. One target service, one draft service serving the distilled draft as it
 n-gram drafter (loaded through LoadDraft) by name, one gateway. Configurations run interleaved per
 prompt (this VM's speed drifts over minutes), and every speculative output is checked against the
 target-only output. Writes bench/results/cpu_default_pair.json.
-Usage: python bench/cpu_default_pair.py [--k 2] [--sweep 1 3] [--rounds 1] [--threads N]
+Usage: python bench/cpu_default_pair.py [--draft DIR] [--k 2] [--sweep 1 3] [--ngram-k 2 4] [--rounds 1]
 """
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import secrets
 import sys
 import tempfile
-import time
 from collections import defaultdict
-from datetime import UTC, datetime
 from pathlib import Path
 
 import grpc
-import torch
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
-from distill.prompts import held_out_prompts
-from engine.model_source import DEFAULT_MODEL
-from specdec.client import build_request, stream
-from specdec.launch import DEFAULT_DRAFT, start_trio
-from specdec.v1 import draft_pb2, draft_pb2_grpc
-
-
-class Totals:
-    def __init__(self) -> None:
-        self.seconds = 0.0
-        self.counts: dict[str, float] = defaultdict(float)
-
-    def tok_s(self) -> float:
-        return self.counts["tokens"] / self.seconds if self.seconds else 0.0
-
-    def ratio(self, num: str, den: str) -> float:
-        return self.counts[num] / self.counts[den] if self.counts[den] else 0.0
+from distill.prompts import held_out_prompts  # noqa: E402
+from engine.model_source import DEFAULT_MODEL  # noqa: E402
+from report import save_report  # noqa: E402
+from specdec.client import build_request  # noqa: E402
+from specdec.launch import DEFAULT_DRAFT, start_trio  # noqa: E402
+from specdec.v1 import draft_pb2, draft_pb2_grpc  # noqa: E402
+from totals import Totals, timed_generate  # noqa: E402
 
 
 def run(address: str, prompt: str, max_new_tokens: int, k: int, draft: str | None, totals: Totals) -> list[int]:
     request = build_request(prompt, True, max_new_tokens, k, [])
     if draft:
         request.draft_model = draft
-    start = time.perf_counter()
-    completion = stream(address, request)
-    totals.seconds += time.perf_counter() - start
-    s = completion.final.stats
-    totals.counts["tokens"] += s.num_completion_tokens
-    totals.counts["drafted"] += s.num_draft_tokens
-    totals.counts["accepted"] += s.num_accepted_tokens
-    totals.counts["steps"] += s.num_verify_steps
-    totals.counts["verified"] += round(s.mean_accepted_len * s.num_verify_steps)
-    totals.counts["draft_s"] += s.draft_forward_s
-    totals.counts["target_s"] += s.target_forward_s
-    return completion.token_ids
+    return timed_generate(address, request, totals).token_ids
 
 
 def summary(t: Totals, base: Totals) -> dict:
@@ -133,23 +107,7 @@ def main() -> None:
         "rounds": args.rounds,
         "max_new_tokens": args.max_new_tokens,
     }
-    report = {
-        "name": "cpu_default_pair",
-        "command": "python bench/cpu_default_pair.py " + " ".join(sys.argv[1:]),
-        "machine": f"{platform.node()} {platform.machine()}, {os.cpu_count()} cores shared with other jobs, "
-                   f"torch {torch.__version__}",
-        "when": datetime.now(UTC).isoformat(timespec="seconds"),
-        "metrics": _rounded(metrics),
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
-    print(json.dumps(report, indent=2))
-
-
-def _rounded(value):
-    if isinstance(value, dict):
-        return {k: _rounded(v) for k, v in value.items()}
-    return round(value, 4) if isinstance(value, float) else value
+    save_report("cpu_default_pair", metrics, args.out)
 
 
 if __name__ == "__main__":

@@ -23,8 +23,9 @@ sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
 from engine.model_source import DEFAULT_MODEL, converted_gguf_dir, default_cache_dir, resolve_path  # noqa: E402
 from report import save_report  # noqa: E402
-from specdec.client import build_request, stream  # noqa: E402
+from specdec.client import build_request  # noqa: E402
 from specdec.launch import start_trio  # noqa: E402
+from totals import Totals, timed_generate  # noqa: E402
 
 # Chat prompts of the kinds users send; several quote text the answer will reuse (where
 # prompt lookup shines), several do not (where it cannot help).
@@ -40,29 +41,8 @@ PROMPTS = [
 ]
 
 
-class Totals:
-    def __init__(self) -> None:
-        self.seconds = 0.0
-        self.counts: dict[str, float] = defaultdict(float)
-
-    def tok_s(self) -> float:
-        return self.counts["tokens"] / self.seconds
-
-    def ratio(self, num: str, den: str) -> float:
-        return self.counts[num] / self.counts[den] if self.counts[den] else 0.0
-
-
 def run_trio(address: str, prompt: str, max_new_tokens: int, k: int, totals: Totals) -> list[int]:
-    start = time.perf_counter()
-    completion = stream(address, build_request(prompt, True, max_new_tokens, k, []))
-    totals.seconds += time.perf_counter() - start
-    s = completion.final.stats
-    totals.counts["tokens"] += s.num_completion_tokens
-    totals.counts["drafted"] += s.num_draft_tokens
-    totals.counts["accepted"] += s.num_accepted_tokens
-    totals.counts["steps"] += s.num_verify_steps
-    totals.counts["verified"] += round(s.mean_accepted_len * s.num_verify_steps)
-    return completion.token_ids
+    return timed_generate(address, build_request(prompt, True, max_new_tokens, k, []), totals).token_ids
 
 
 def run_hf(model, tokenizer, prompt: str, max_new_tokens: int, prompt_lookup: int | None, totals: Totals) -> None:

@@ -17,16 +17,22 @@ def machine() -> str:
 
 
 def save_report(name: str, metrics: dict, out: Path, **extra) -> dict:
-    """Writes the report (floats rounded to 4 places) and prints its metrics; returns it."""
+    """Writes the report (floats rounded to 4 places, nested ones too) and prints its metrics; returns it."""
     report = {
         "name": name,
         "command": f"python bench/{Path(sys.argv[0]).name} " + " ".join(sys.argv[1:]),
         "machine": machine(),
         "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         **extra,
-        "metrics": {k: round(v, 4) if isinstance(v, float) else v for k, v in metrics.items()},
+        "metrics": _rounded(metrics),
     }
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps(report["metrics"], indent=2))
     return report
+
+
+def _rounded(value):
+    if isinstance(value, dict):
+        return {k: _rounded(v) for k, v in value.items()}
+    return round(value, 4) if isinstance(value, float) else value

@@ -38,9 +38,11 @@ def generate_shards(hf_model, tokenizer, prompts: list[str], out_dir: Path, batc
     encoded = [chat_ids(tokenizer, p) for p in prompts]
     batches = [list(range(i, min(i + batch_size, len(encoded)))) for i in range(0, len(encoded), batch_size)]
     paths = [out_dir / f"shard-{i:05d}.pt" for i in range(len(batches))]
-    todo = [(b, p) for b, p in zip(batches, paths) if not p.exists()]
+    todo = [(i, b, p) for i, (b, p) in enumerate(zip(batches, paths)) if not p.exists()]
+    sampling = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0} if temperature else \
+        {"do_sample": False}
     bar = tqdm(todo, desc="generating", unit="batch", initial=len(batches) - len(todo), total=len(batches))
-    for batch, path in bar:
+    for index, batch, path in bar:
         if deadline is not None and time.monotonic() > deadline:
             bar.write(f"data time is up: {sum(p.exists() for p in paths)} of {len(paths)} shards in {out_dir}")
             break
@@ -49,9 +51,7 @@ def generate_shards(hf_model, tokenizer, prompts: list[str], out_dir: Path, batc
         input_ids = torch.tensor([[pad_id] * (width - len(x)) + x for x in ids], device=device)
         mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in ids], device=device)
         start = time.perf_counter()
-        sampling = dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0) if temperature else \
-            dict(do_sample=False)
-        torch.manual_seed(seed * 1_000_003 + paths.index(path))  # a resumed run draws the same answers
+        torch.manual_seed(seed * 1_000_003 + index)  # a resumed run draws the same answers
         out = hf_model.generate(input_ids=input_ids, attention_mask=mask, max_new_tokens=max_new_tokens,
                                 pad_token_id=pad_id, eos_token_id=eos_ids, **sampling)
         seconds = time.perf_counter() - start

@@ -53,21 +53,7 @@ class Trio:
         return service
 
     def wait_ready(self, service: Service, timeout_s: float) -> str:
-        """Waits for the ready file, then for grpc.health.v1 to answer SERVING."""
-        deadline = time.monotonic() + timeout_s
-        while not service.ready_file.exists():
-            if service.process.poll() is not None:
-                raise RuntimeError(f"{service.name} exited with code {service.process.returncode}")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{service.name} did not start within {timeout_s:.0f} s")
-            time.sleep(0.1)
-        address = service.address()
-        with grpc.insecure_channel(address) as channel:
-            response = health_pb2_grpc.HealthStub(channel).Check(
-                health_pb2.HealthCheckRequest(), timeout=timeout_s, wait_for_ready=True)
-        if response.status != health_pb2.HealthCheckResponse.SERVING:
-            raise RuntimeError(f"{service.name} at {address} is not serving")
-        return address
+        return wait_serving(service.name, service.process, service.ready_file, timeout_s)
 
     def stop(self, timeout_s: float = 10) -> None:
         for service in reversed(self.services):
@@ -79,6 +65,26 @@ class Trio:
             except subprocess.TimeoutExpired:
                 service.process.kill()
                 service.process.wait()
+
+
+def wait_serving(name: str, process: subprocess.Popen, ready_file: Path, timeout_s: float,
+                 health_timeout_s: float | None = None) -> str:
+    """Waits for the ready file a service writes once listening, then (at most `health_timeout_s`,
+    default `timeout_s`) for grpc.health.v1 to answer SERVING; returns the service's address."""
+    deadline = time.monotonic() + timeout_s
+    while not ready_file.exists():
+        if process.poll() is not None:
+            raise RuntimeError(f"{name} exited with code {process.returncode}")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{name} did not start within {timeout_s:.0f} s")
+        time.sleep(0.1)
+    address = ready_file.read_text().strip()
+    with grpc.insecure_channel(address) as channel:
+        response = health_pb2_grpc.HealthStub(channel).Check(
+            health_pb2.HealthCheckRequest(), timeout=health_timeout_s or timeout_s, wait_for_ready=True)
+    if response.status != health_pb2.HealthCheckResponse.SERVING:
+        raise RuntimeError(f"{name} at {address} is not serving")
+    return address
 
 
 def start_trio(args: argparse.Namespace, workdir: Path) -> tuple[Trio, str]:

@@ -6,13 +6,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from specdec.launch import wait_serving
 from specdec.v1 import common_pb2, draft_pb2_grpc, target_pb2_grpc
 
 START_TIMEOUT_S = 180
@@ -49,15 +48,8 @@ class Replica:
         self.wait_ready()
 
     def wait_ready(self) -> None:
-        ready = self._ready_file
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while not ready.exists():
-            assert self.process.poll() is None, f"{self.name} exited with {self.process.returncode}"
-            assert time.monotonic() < deadline, f"{self.name} did not start in {START_TIMEOUT_S} s"
-            time.sleep(0.1)
-        self.port = int(ready.read_text().strip().rsplit(":", 1)[1])
-        with grpc.insecure_channel(self.address) as c:
-            health_pb2_grpc.HealthStub(c).Check(health_pb2.HealthCheckRequest(), timeout=60, wait_for_ready=True)
+        address = wait_serving(self.name, self.process, self._ready_file, START_TIMEOUT_S, health_timeout_s=60)
+        self.port = int(address.rsplit(":", 1)[1])
 
     def is_running(self) -> bool:
         return self.process is not None and self.process.poll() is None
