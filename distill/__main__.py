@@ -3,7 +3,9 @@
 Stages, each resumable (re-run the same command after a kill):
   1. data:   the target's greedy answers to `--num-prompts` chat prompts -> WORK/data/shard-*.pt,
              plus `--samples-per-prompt` sampled answers each -> WORK/sampled-T/ (and its greedy
-             answers to the held-out prompts -> WORK/held_out/, for the agreement metric)
+             answers to the held-out prompts -> WORK/held_out/, for the agreement metric); with
+             `--self-prompts N`, N user messages the target writes itself -> WORK/self-prompts/,
+             answered the same way -> WORK/self-data/, WORK/self-sampled-T/. `--data-only` stops here
   2. train:  the draft's layers, initialised from `--layers` of the target, against the target as a
              teacher (its argmax, distribution and hidden states) -> WORK/checkpoint.pt
   3. export: OUT/model.safetensors (the trained layers, the reduced head's token ids) +
@@ -22,7 +24,16 @@ from pathlib import Path
 
 import torch
 
-from distill.data import coverage, generate_shards, load_records, select_vocab
+from distill.data import (
+    SELF_PROMPT_TOKENS,
+    chat_ids,
+    coverage,
+    generate_shards,
+    load_records,
+    select_vocab,
+    self_prompt_prefix,
+    self_prompts,
+)
 from distill.export import export_draft
 from distill.prompts import held_out_prompts, training_prompts
 from distill.train import TrainConfig, log_event, train
@@ -45,6 +56,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--num-prompts", type=int, default=2048)
     parser.add_argument("--max-new-tokens", type=int, default=128, help="answer length generated per prompt")
     parser.add_argument("--gen-batch-size", type=int, default=64)
+    parser.add_argument("--self-prompts", type=int, default=0,
+                        help="user messages the target samples itself (Magpie-style), answered like the built prompts")
+    parser.add_argument("--data-only", action="store_true", help="stop after the data stage")
     parser.add_argument("--samples-per-prompt", type=int, default=0,
                         help="sampled answers per prompt besides the greedy one (variety; default: %(default)s)")
     parser.add_argument("--sample-temperature", type=float, default=0.8)
@@ -59,7 +73,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--hidden-weight", type=float, default=1.0,
                         help="weight of the final-hidden-state regression to the target (0: off)")
     parser.add_argument("--epochs", type=float, default=2.0)
-    parser.add_argument("--max-minutes", type=float, default=None, help="training time limit; exports what it has")
+    parser.add_argument("--max-minutes", type=float, default=None, help="training time limit (the learning rate decays to its floor by then, or by the last "
+                             "epoch, whichever comes first); exports what it has")
     parser.add_argument("--checkpoint-every", type=int, default=50)
     parser.add_argument("--eval-every", type=int, default=50)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -86,14 +101,31 @@ def main(argv: list[str] | None = None) -> dict:
     eos = eos_token_ids(tokenizer, getattr(target.generation_config, "eos_token_id", None))
 
     deadline = None if args.data_minutes is None else time.monotonic() + args.data_minutes * 60
-    prompts = training_prompts(args.num_prompts, args.seed)
-    generate = lambda prompts, out_dir, **kw: generate_shards(  # noqa: E731
-        target, tokenizer, prompts, out_dir, args.gen_batch_size, args.max_new_tokens, eos, log_file, **kw)
-    held_out = generate(held_out_prompts(), args.work / "held_out")
-    shards = generate(prompts, args.work / "data", deadline=deadline)
-    if args.samples_per_prompt:
-        shards += generate(prompts * args.samples_per_prompt, args.work / f"sampled-{args.sample_temperature:g}",
-                           temperature=args.sample_temperature, seed=args.seed, deadline=deadline)
+
+    def generate(ids: list[list[int]], out_dir: Path, max_new_tokens: int = args.max_new_tokens, ends=eos, **kw):
+        return generate_shards(target, tokenizer, ids, args.work / out_dir, args.gen_batch_size, max_new_tokens, ends,
+                               log_file, deadline=deadline, **kw)
+
+    def answer(prompts: list[str], prefix: str = "") -> list[Path]:
+        """Greedy answers to `prompts` (WORK/{prefix}data), plus --samples-per-prompt sampled ones each."""
+        ids = [chat_ids(tokenizer, p) for p in prompts]
+        shards = generate(ids, Path(f"{prefix}data"))
+        if args.samples_per_prompt:
+            shards += generate(ids * args.samples_per_prompt, Path(f"{prefix}sampled-{args.sample_temperature:g}"),
+                               temperature=args.sample_temperature, seed=args.seed)
+        return shards
+
+    held_out = generate([chat_ids(tokenizer, p) for p in held_out_prompts()], Path("held_out"))
+    shards = answer(training_prompts(args.num_prompts, args.seed))
+    if args.self_prompts:
+        prefix, end = self_prompt_prefix(tokenizer)
+        written = generate([prefix] * args.self_prompts, Path("self-prompts"), SELF_PROMPT_TOKENS, [end, *eos],
+                           temperature=1.0, seed=args.seed)
+        texts = self_prompts(load_records(written), tokenizer, [end, *eos])
+        log_event(log_file, {"event": "self_prompts", "sampled": args.self_prompts, "kept": len(texts)})
+        shards += answer(texts, "self-")
+    if args.data_only:
+        return {"data_shards": len(shards)}
     records, held_out_records = load_records(shards), load_records(held_out)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
 
@@ -113,7 +145,8 @@ def main(argv: list[str] | None = None) -> dict:
     summary["wall_seconds_this_run"] = round(time.perf_counter() - started, 1)
     export_draft(draft, tokenizer, args.out, args.record_target or args.target, source_layers, getattr(torch, args.dtype),
                  {"train": asdict(config), **summary, "num_prompts": args.num_prompts,
-                  "samples_per_prompt": args.samples_per_prompt, "sample_temperature": args.sample_temperature,
+                  "self_prompts": args.self_prompts, "samples_per_prompt": args.samples_per_prompt,
+                  "sample_temperature": args.sample_temperature,
                   "max_new_tokens": args.max_new_tokens})
     print(json.dumps(summary))
     return summary

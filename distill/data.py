@@ -1,6 +1,10 @@
 """Distillation data: the target's own answers to chat prompts (greedy, and sampled for variety),
 generated in left-padded batches with transformers' `generate` and written as resumable shards.
 
+Besides the built prompts (distill/prompts.py), the target can write prompts itself ("self prompts",
+as in Magpie): sampled from the chat template cut where a user's message begins, they follow the
+distribution of requests the target was tuned on, far more varied than templates x topics.
+
 Each shard (`shard-NNNNN.pt`) holds, per prompt, the chat-formatted prompt ids and the target's
 continuation (cut after the first EOS). A shard that exists is never regenerated, so a killed run
 continues where it stopped.
@@ -25,17 +29,43 @@ def chat_ids(tokenizer, prompt: str) -> list[int]:
     return tokenizer.encode(text, add_special_tokens=False)
 
 
+SELF_PROMPT_TOKENS = 64  # a self prompt not finished by then is dropped
+_MARK = "\u2063specdec-user-message\u2063"
+
+
+def self_prompt_prefix(tokenizer) -> tuple[list[int], int]:
+    """The chat-template ids up to where a user's message starts, and the id that ends a user turn."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise SystemExit("--self-prompts needs a target with a chat template")
+    text = tokenizer.apply_chat_template([{"role": "user", "content": _MARK}], tokenize=False)
+    before, after = text.split(_MARK)
+    return tokenizer.encode(before, add_special_tokens=False), tokenizer.encode(after, add_special_tokens=False)[0]
+
+
+def self_prompts(records: list[dict], tokenizer, end_ids: list[int]) -> list[str]:
+    """The finished, distinct, non-trivial user messages among sampled self-prompt records, in order."""
+    out, seen = [], set()
+    for r in records:
+        ids = r["response_ids"]
+        if not ids or ids[-1] not in end_ids:
+            continue  # cut off at SELF_PROMPT_TOKENS
+        text = tokenizer.decode(ids[:-1], skip_special_tokens=True).strip()
+        if len(text) >= 8 and text not in seen:
+            seen.add(text)
+            out.append(text)
+    return out
+
+
 @torch.inference_mode()
-def generate_shards(hf_model, tokenizer, prompts: list[str], out_dir: Path, batch_size: int, max_new_tokens: int,
-                    eos_ids: list[int], log_file: Path | None = None, temperature: float = 0.0, seed: int = 0,
-                    deadline: float | None = None) -> list[Path]:
-    """Generates the target's answers for `prompts` (greedy, or sampled at `temperature` with a seed per
-    shard), one shard per batch; returns the paths of the shards that exist. After `deadline`
-    (time.monotonic()) no new shard is started."""
+def generate_shards(hf_model, tokenizer, encoded: list[list[int]], out_dir: Path, batch_size: int,
+                    max_new_tokens: int, eos_ids: list[int], log_file: Path | None = None, temperature: float = 0.0,
+                    seed: int = 0, deadline: float | None = None) -> list[Path]:
+    """Generates the target's continuations of the prompts `encoded` (ids; greedy, or sampled at
+    `temperature` with a seed per shard), one shard per batch; returns the paths of the shards that
+    exist. After `deadline` (time.monotonic()) no new shard is started."""
     out_dir.mkdir(parents=True, exist_ok=True)
     device = next(hf_model.parameters()).device
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
-    encoded = [chat_ids(tokenizer, p) for p in prompts]
     batches = [list(range(i, min(i + batch_size, len(encoded)))) for i in range(0, len(encoded), batch_size)]
     paths = [out_dir / f"shard-{i:05d}.pt" for i in range(len(batches))]
     todo = [(i, b, p) for i, (b, p) in enumerate(zip(batches, paths)) if not p.exists()]

@@ -35,7 +35,7 @@ class TrainConfig:
     lr: float = 5e-4
     warmup_steps: int = 20
     epochs: float = 2.0
-    max_minutes: float | None = None  # stop (and export) after this much training time
+    max_minutes: float | None = None  # stop (and export) after this much training time; the lr decays by it too
     max_len: int = 512  # tokens per sequence (prompt + answer), longer ones are cut
     kl_weight: float = 1.0  # 0: no distribution matching
     hidden_weight: float = 1.0  # 0: no hidden-state regression
@@ -151,7 +151,7 @@ def train(model, target, records: list[dict], held_out: list[dict], config: Trai
     bar = tqdm(total=total_steps, initial=step, desc="training", unit="step")
     stopped_early = False
     while step < total_steps:
-        lr = lr_at(config, step, total_steps)
+        lr = lr_at(config, step, _progress(config, step, total_steps, seconds))
         batch = _batch(_epoch_slice(seqs, config, step, steps_per_epoch), pad_id, device)
         record = _train_step(model, target, optimizer, params, batch, lr, config)
         step, seconds = step + 1, seconds + record["seconds"]
@@ -177,12 +177,20 @@ def train(model, target, records: list[dict], held_out: list[dict], config: Trai
     return summary
 
 
-def lr_at(config: TrainConfig, step: int, total_steps: int) -> float:
-    """Linear warm-up, then cosine decay to 10 % of config.lr at total_steps."""
+def _progress(config: TrainConfig, step: int, total_steps: int, seconds: float) -> float:
+    """How far the run is towards its end, 0..1: the steps done, or the time spent of --max-minutes,
+    whichever is further (so a run cut by time still ends its schedule)."""
+    progress = step / total_steps
+    if config.max_minutes:
+        progress = max(progress, seconds / (config.max_minutes * 60))
+    return min(progress, 1.0)
+
+
+def lr_at(config: TrainConfig, step: int, progress: float) -> float:
+    """Linear warm-up over the first steps, then cosine decay to 10 % of config.lr at progress 1."""
     if step < config.warmup_steps:
         return config.lr * (step + 1) / config.warmup_steps
-    progress = (step - config.warmup_steps) / max(1, total_steps - config.warmup_steps)
-    return config.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0))))
+    return config.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
 def _trainable_layers(model) -> list[torch.nn.Parameter]:

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 
 import pytest
 import torch
 
 from distill.__main__ import main as distill
+from distill.data import chat_ids, load_records, self_prompt_prefix, self_prompts
+from distill.train import TrainConfig, _progress, lr_at
 from draft_service.registry import DraftRegistry, model_loader
 from engine.batch import StepInput
 from engine.model_runner import ModelRunner, RuntimeConfig
@@ -94,3 +97,40 @@ def test_a_reduced_head_draft_proposes_only_its_tokens_and_stays_lossless(model_
     outside[vocab_ids] = False
     assert torch.isneginf(logits[:, outside]).all() and torch.isfinite(logits[:, vocab_ids]).all()
     assert set(logits.argmax(-1).tolist()) <= set(vocab_ids.tolist())
+
+
+def test_self_prompts_are_sampled_from_the_chat_template_and_answered_like_built_ones(model_dirs, tmp_path, tokenizer):
+    target, out, work = model_dirs["target"], tmp_path / "draft", tmp_path / "work"
+    prefix, end = self_prompt_prefix(tokenizer)
+    assert tokenizer.decode(prefix).endswith("user\n") and end == tokenizer.eos_token_id
+    data = distill(_args(target, out, work, "--num-prompts", "0", "--self-prompts", "16", "--data-only"))
+    assert data["data_shards"] > 0 and not out.exists()  # stopped after the data stage
+    sampled = load_records(sorted((work / "self-prompts").glob("shard-?????.pt")))
+    assert len(sampled) == 16 and all(r["prompt_ids"] == prefix for r in sampled)
+    kept = self_prompts(sampled, tokenizer, [end])
+    (event,) = _events(work / "log.jsonl", "self_prompts")
+    assert event == {**event, "sampled": 16, "kept": len(kept)} and len(set(kept)) == len(kept)
+    answers = load_records(sorted((work / "self-data").glob("shard-?????.pt")))
+    assert [r["prompt_ids"] for r in answers] == [chat_ids(tokenizer, p) for p in kept]
+    # a later run with the same settings finds every shard and trains on the self-prompt answers alone
+    summary = distill(_args(target, out, work, "--num-prompts", "0", "--self-prompts", "16", "--epochs", "0.5"))
+    assert summary["num_train_sequences"] == sum(len(r["response_ids"]) > 0 for r in answers)
+    assert len(_events(work / "log.jsonl", "shard")) == len(list(work.glob("*/shard-?????.pt")))
+
+
+def test_an_unfinished_or_repeated_self_prompt_is_dropped(tokenizer):
+    end = tokenizer.eos_token_id
+    hello = tokenizer.encode("Tell me about kites.")
+    records = [{"prompt_ids": [], "response_ids": ids} for ids in
+               (hello + [end], hello + [end], tokenizer.encode("unfinished message"), tokenizer.encode("hi") + [end])]
+    assert self_prompts(records, tokenizer, [end]) == ["Tell me about kites."]
+
+
+def test_a_time_limited_run_ends_its_learning_rate_schedule_when_time_is_up():
+    config = TrainConfig(source_layers=(0,), lr=1.0, warmup_steps=2, max_minutes=10)
+    untimed = TrainConfig(source_layers=(0,), lr=1.0, warmup_steps=2)
+    assert lr_at(config, 0, _progress(config, 0, 1000, 0.0)) == 0.5  # warm-up
+    assert lr_at(config, 500, _progress(config, 500, 1000, 0.0)) == pytest.approx(0.55)  # half the steps
+    assert lr_at(config, 10, _progress(config, 10, 1000, 300.0)) == pytest.approx(0.55)  # half the time
+    assert lr_at(config, 10, _progress(config, 10, 1000, 900.0)) == pytest.approx(0.1)  # time is up: the floor
+    assert lr_at(untimed, 10, _progress(untimed, 10, 1000, 900.0)) == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(0.01 * math.pi)))
