@@ -2,12 +2,14 @@
 SmolLM2-135M and the default draft, through the three services, greedy and temperature 0.8, on two
 prompt sets (prompts whose answers quote them, where drafts do well, and open-ended ones).
 
-Same run, interleaved: every configuration runs on a prompt before the next prompt starts, over
-several rounds (this VM's speed drifts by tens of percent over minutes). Writes
+Same run, interleaved: every configuration runs on a prompt before the next prompt starts, in an
+order rotated from one prompt to the next (so none always runs first, or right after the costliest),
+over several rounds (this VM's speed drifts by tens of percent over minutes). Writes
 bench/results/cpu_adaptive.json with, per prompt set and temperature, tokens/s and acceptance of
 each configuration, and `adaptive_over_best_fixed` / `adaptive_over_target_only` as the worst case
 over prompt sets and temperatures.
 Usage: python bench/cpu_adaptive.py [--drafter model|ngram] [--rounds 2] [--max-new-tokens 48]
+                                    [--sets quoting open] [--temperatures 0 0.8]
 """
 from __future__ import annotations
 
@@ -48,7 +50,10 @@ def run(address: str, prompt: str, max_new_tokens: int, temperature: float, k: i
     request.chat.messages.add(role="user", content=prompt)
     if k is not None:  # unset: the gateway's adaptive policy chooses k per step
         request.num_draft_tokens = k
-    timed_generate(address, request, totals)
+    stats = timed_generate(address, request, totals).final.stats
+    if k is None:  # what the policy chose, for reading the run
+        print(f"adaptive T={temperature:g} {prompt[:24]!r}: steps by k {list(stats.num_steps_by_k)}, "
+              f"{stats.num_accepted_tokens}/{stats.num_draft_tokens} accepted", file=sys.stderr)
 
 
 def main() -> None:
@@ -56,6 +61,9 @@ def main() -> None:
     parser.add_argument("--drafter", default=None, help="model or ngram; default: the launcher's default draft")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--max-new-tokens", type=int, default=48)
+    parser.add_argument("--sets", nargs="+", choices=list(PROMPT_SETS), default=list(PROMPT_SETS),
+                        help="prompt sets (a partial run's worst cases cover only these)")
+    parser.add_argument("--temperatures", nargs="+", type=float, default=list(TEMPERATURES))
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "cpu_adaptive.json")
     args = parser.parse_args()
     parser = launch_parser()
@@ -67,20 +75,23 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         trio, address = start_trio(launch_args, Path(tmp))
         try:
-            run(address, "Hello", 8, 0.0, None, Totals())  # warm-up
+            run(address, "Hello", 8, 0.0, 1, Totals())  # warms both services; k pinned: teaches the policy nothing
+            names = list(configs)
+            turn = 0
             for _ in range(args.rounds):
-                for set_name, prompts in PROMPT_SETS.items():
-                    for prompt in prompts:
-                        for temperature in TEMPERATURES:
-                            for name, k in configs.items():
-                                run(address, prompt, args.max_new_tokens, temperature, k,
+                for set_name in args.sets:
+                    for prompt in PROMPT_SETS[set_name]:
+                        for temperature in args.temperatures:
+                            turn += 1
+                            for name in names[turn % len(names):] + names[:turn % len(names)]:
+                                run(address, prompt, args.max_new_tokens, temperature, configs[name],
                                     totals[(set_name, temperature, name)])
         finally:
             trio.stop()
     metrics: dict[str, float] = {}
     over_best, over_target = [], []
-    for set_name in PROMPT_SETS:
-        for temperature in TEMPERATURES:
+    for set_name in args.sets:
+        for temperature in args.temperatures:
             tok_s = {}
             for name in configs:
                 t = totals[(set_name, temperature, name)]

@@ -1,33 +1,47 @@
 """Adaptive speculation: how many tokens (k) one request drafts in each step.
 
 The model: each draft token is accepted with probability a, so a step proposing k tokens commits
-E(k) = 1 + a + ... + a^k tokens on average. It costs the target's verify of k + 1 tokens plus the
-draft's k-token proposal. Both times are measured as the request runs - the services report the
-forward time of every answer, which already reflects the target's current batch load (a verify of
-k + 1 tokens costs about one decode step on a GPU at small batch, and much more on a CPU or a busy
-GPU) - and kept per k as moving averages. A k not measured yet gets the verify time of a straight
-line through the measured ones (t = t0 + slope * k, slope >= 0; the nearest one while only one k
-is measured) and the draft's mean per-token time. Each step takes the k in [0, k_max] with the most
-committed tokens per second, E(k) / (t_verify(k) + t_draft(k) + t_rpc), so speculation grows while
-everything is accepted, shrinks as acceptance falls or verifies get expensive, and switches off
-(k = 0) where it would lose. It explores: the k just below the best is tried once when it has no
-measurement (the line needs two points), and while off it probes k = 1 on a `ProbeSchedule`, so it
-notices when the draft starts agreeing again.
+E(k) = 1 + a + ... + a^k tokens on average. Its wall time, as the gateway sees it, is
 
-Probing is kept cheap, because with a draft that always loses every probe is pure cost: a request
-that is off touches the draft service not at all (gateway/lazy_draft.py opens its draft sequence
-only when a step drafts), so a probe also pays the draft's catch-up prefill of the whole context
-besides the longer verify. The rule: a draft's requests share one schedule (in its
-`SpeculationHistory`); it counts the steps they run with k = 0 and probes after `every` (8) of them,
-twice as many after each probe that accepted nothing, at most `max_interval` (256), and `every`
-again after a probe that accepted a token. So a losing draft is probed about once per 256 target
-steps over all its requests (well under 1% of the time on a CPU), not twice per request.
+  t(k) = verify(k) + k * draft_per_token + overhead(k > 0)
 
-Requests learn from each other: a `SpeculationHistory` per draft and decoding mode (greedy or sampled:
-they accept differently; kept by the gateway) follows the estimates of the requests that used it,
-slowly, and a new request starts from it instead of from the
-optimistic prior - so with a draft that loses, requests after the first start at k = 0 (and, unless
-a probe falls due, never open the draft).
+verify(k) is the target's forward over k + 1 tokens and draft_per_token the draft's forward time per
+proposed token, both as the services report them with every answer (so they reflect the target's
+current batch load: a verify of k + 1 tokens costs about one decode step on a GPU at small batch, and
+much more on a CPU or a busy GPU). overhead is the rest of the step's wall time, measured around the
+whole step in the loop: gRPC round trips, (de)serialisation, the gateway's own work - kept apart for
+steps that draft and steps that do not, because on a CPU the draft's round trip costs several ms,
+as much as a draft forward. All are moving averages; a k not measured yet gets the verify time of a
+straight line through the measured ones (slope >= 0). Each step takes the k in [0, k_max] with the
+most committed tokens per second, E(k) / t(k), so speculation grows where drafts are accepted and
+verifies are cheap, shrinks as acceptance falls or verifies get expensive, and switches off (k = 0)
+where it would lose.
+
+Growing is earned, not assumed: a request with no history starts at k = 1 (not k_max) from a
+modest acceptance prior (worth `PRIOR_TRIALS` draft positions), tries k = 0 once for a measurement
+to compare with, and grows one k past the longest it has measured at a time. Acceptance is a count
+of accepted over tried draft positions, the oldest fading past `ACCEPTANCE_MEMORY` (not a per-step
+average with a heavy weight: three unlucky steps must not switch a good draft off, since a request
+that is off learns nothing more until it probes).
+
+Steps that follow a step at k = 0 do not count towards the drafting overhead or the draft's time per
+token: they include the draft's catch-up on the tokens it missed (the whole context, the first time),
+a cost of switching on, not of drafting.
+
+While off, a request probes k = 1 on a `ProbeSchedule`, so it notices when the draft starts agreeing
+again. Probing is kept cheap, because with a draft that always loses every probe is pure cost: a
+request that is off touches the draft service not at all (gateway/lazy_draft.py opens its draft
+sequence only when a step drafts), so a probe also pays the draft's catch-up. The rule: a draft's
+requests share one schedule (in its `SpeculationHistory`); it counts the steps they run with k = 0
+and probes after `every` (8) of them, twice as many after each probe that accepted nothing, at most
+`max_interval` (256), and `every` again after a probe that accepted a token. So a losing draft is
+probed about once per 256 target steps over all its requests, not twice per request.
+
+Requests learn from each other: a `SpeculationHistory` per draft and decoding mode (greedy or
+sampled: they accept differently; kept by the gateway) follows the estimates of the requests that
+used it, slowly, and a new request starts from it instead of from the prior - so with a draft that
+loses, requests after the first start at k = 0 (and, unless a probe falls due, never open the draft),
+and with one that wins they start at the k that won.
 
 Output is unaffected: the loop is lossless for every k. A request can pin k instead
 (GenerateRequest.num_draft_tokens).
@@ -35,6 +49,12 @@ Output is unaffected: the loop is lossless for every k. A request can pin k inst
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+ACCEPTANCE_PRIOR = 0.5  # modest: a cold request drafts (k = 1) but must measure before it grows
+PRIOR_TRIALS = 2  # what the prior counts for, in draft positions: a few steps overrule it
+SEED_TRIALS = 8  # what a draft's history counts for in a new request (its prompt may differ)
+ACCEPTANCE_MEMORY = 32  # draft positions a request's acceptance remembers
+RPC_PRIOR_S = 2e-4  # the extra round trip of a drafting step before one is measured (loopback)
 
 
 @dataclass
@@ -46,6 +66,66 @@ class _Average:
 
     def add(self, sample: float) -> None:
         self.value = sample if self.value is None else self.value + self.weight * (sample - self.value)
+
+
+@dataclass
+class _Acceptance:
+    """Per-token acceptance: accepted draft positions over tried ones, the oldest fading once more
+    than `memory` positions were tried (a running count that starts at a prior of a few trials)."""
+
+    memory: float
+    num_accepted: float = 0.0
+    num_trials: float = 0.0
+
+    @property
+    def value(self) -> float:
+        return self.num_accepted / self.num_trials if self.num_trials else ACCEPTANCE_PRIOR
+
+    def start_at(self, acceptance: float, num_trials: float) -> None:
+        self.num_accepted, self.num_trials = acceptance * num_trials, num_trials
+
+    def add(self, num_accepted: int, num_draft_tokens: int) -> None:
+        # the accepted prefix ends at the first rejection: num_accepted positions succeeded, one
+        # failed unless all were accepted, the rest were never tried (a geometric sample)
+        self.num_accepted += num_accepted
+        self.num_trials += num_accepted + (num_accepted < num_draft_tokens)
+        if self.num_trials > self.memory:
+            fade = self.memory / self.num_trials
+            self.num_accepted, self.num_trials = self.num_accepted * fade, self.memory
+
+
+@dataclass
+class _Estimates:
+    """What steps measured: acceptance, and the three parts of a step's wall time."""
+
+    weight: float  # of the newest step in the time averages
+    acceptance: _Acceptance
+    verify_s: dict[int, _Average] = field(default_factory=dict)  # by k
+    draft_s_per_token: _Average = field(init=False)
+    overhead_s: dict[bool, _Average] = field(init=False)  # by whether the step drafted
+
+    def __post_init__(self) -> None:
+        self.draft_s_per_token = _Average(self.weight)
+        self.overhead_s = {False: _Average(self.weight), True: _Average(self.weight)}
+
+    def seed(self, other: _Estimates, k_max: int) -> None:
+        """Starts from `other`'s values (keeping this one's weights)."""
+        self.acceptance.start_at(other.acceptance.value, SEED_TRIALS)
+        self.verify_s = {k: _Average(self.weight, a.value) for k, a in other.verify_s.items() if k <= k_max}
+        self.draft_s_per_token.value = other.draft_s_per_token.value
+        for is_drafting, average in other.overhead_s.items():
+            self.overhead_s[is_drafting].value = average.value
+
+    def record(self, k: int, num_accepted: int, verify_s: float, draft_s: float, step_s: float,
+               is_steady: bool) -> None:
+        """`is_steady`: the step paid no catch-up, its draft time and overhead are a drafting step's own."""
+        self.verify_s.setdefault(k, _Average(self.weight)).add(verify_s)
+        if k > 0:
+            self.acceptance.add(num_accepted, k)
+        if k == 0 or is_steady:
+            self.overhead_s[k > 0].add(max(step_s - verify_s - draft_s, 0.0))
+        if k > 0 and is_steady:
+            self.draft_s_per_token.add(draft_s / k)
 
 
 @dataclass
@@ -80,54 +160,57 @@ class ProbeSchedule:
 
 @dataclass
 class SpeculationHistory:
-    """What the requests that used one draft measured, followed slowly (weight per step), and the
-    probe schedule they share."""
+    """What the requests that used one draft (in one decoding mode) measured, followed slowly, and
+    the probe schedule they share."""
 
-    weight: float = 0.05
-    acceptance: _Average = field(init=False)
-    verify_s: dict[int, _Average] = field(default_factory=dict)
-    draft_s_per_token: _Average = field(init=False)
+    weight: float = 0.05  # of the newest step in the time averages
+    acceptance_memory: float = 256  # draft positions
+    estimates: _Estimates = field(init=False)
     probes: ProbeSchedule = field(default_factory=ProbeSchedule)
 
     def __post_init__(self) -> None:
-        self.acceptance = _Average(self.weight)
-        self.draft_s_per_token = _Average(self.weight)
+        self.estimates = _Estimates(self.weight, _Acceptance(self.acceptance_memory))
+
+    @property
+    def is_learned(self) -> bool:
+        return bool(self.estimates.verify_s)
 
 
 @dataclass
 class SpeculationPolicy:
     k_max: int
-    acceptance_prior: float = 0.8  # optimistic: start by speculating, measure, then adjust
-    weight: float = 0.3  # of the newest step in the moving averages
-    rpc_s: float = 2e-4  # one extra round trip per step when drafting (measured ~0.2 ms on loopback)
+    acceptance_prior: float = ACCEPTANCE_PRIOR
+    weight: float = 0.3  # of the newest step in the time averages
     history: SpeculationHistory | None = None  # shared with the draft's other requests
     probes: ProbeSchedule = field(default_factory=ProbeSchedule)  # the history's, to share it
-    _acceptance: _Average = field(init=False)
-    _verify_s: dict[int, _Average] = field(default_factory=dict, init=False)
-    _draft_s_per_token: _Average = field(init=False)
+    _estimates: _Estimates = field(init=False)
     _probing: bool = field(default=False, init=False)
+    _was_drafting: bool = field(init=False)  # the previous step drafted (its draft is caught up)
 
     def __post_init__(self) -> None:
-        h = self.history
-        learned = h is not None and h.acceptance.value is not None
-        self._acceptance = _Average(self.weight, h.acceptance.value if learned else self.acceptance_prior)
-        self._draft_s_per_token = _Average(self.weight, h.draft_s_per_token.value if learned else None)
-        if learned:
-            self._verify_s = {k: _Average(self.weight, a.value) for k, a in h.verify_s.items() if k <= self.k_max}
+        self._estimates = _Estimates(self.weight, _Acceptance(ACCEPTANCE_MEMORY))
+        self._estimates.acceptance.start_at(self.acceptance_prior, PRIOR_TRIALS)
+        if self.history is not None and self.history.is_learned:
+            self._estimates.seed(self.history.estimates, self.k_max)
+        self._was_drafting = self.is_drafting  # the loop opens the draft with the target's prefill then
 
     @property
     def is_drafting(self) -> bool:
-        """Whether the estimates favour drafting now (probes aside); no side effects."""
-        return self._best_k() > 0
+        """Whether the next step will draft on the estimates (probes aside); no side effects."""
+        return self.k_max > 0 and (not self._estimates.verify_s or self._best_k() > 0)
+
+    @property
+    def acceptance(self) -> float:
+        return self._estimates.acceptance.value
 
     def next_k(self) -> int:
         """The k for the next step."""
         if self.k_max == 0:
             return 0
-        if not self._verify_s:  # nothing measured yet: speculate as far as allowed
-            return self.k_max
+        if not self._estimates.verify_s:  # nothing measured: start small, grow on evidence
+            return 1
         best = self._best_k()
-        if best > 0 and best - 1 not in self._verify_s:
+        if best > 0 and best - 1 not in self._estimates.verify_s:
             return best - 1  # one measurement below the best: the verify-time line needs two points
         if best > 0:
             self.probes.count_step_on()
@@ -135,46 +218,42 @@ class SpeculationPolicy:
         self._probing = self.probes.count_step_off()
         return 1 if self._probing else 0
 
-    def record(self, k: int, num_accepted: int, verify_s: float, draft_s: float) -> None:
-        """What a step of k draft tokens gave: accepted tokens and the two services' forward times."""
-        averages = [(self._verify_s, self._acceptance, self._draft_s_per_token)]
+    def record(self, k: int, num_accepted: int, verify_s: float, draft_s: float, step_s: float) -> None:
+        """What a step of k draft tokens gave: accepted tokens, the two services' forward times and
+        the step's wall time in the gateway (from the end of the previous step)."""
+        is_steady = self._was_drafting
+        self._estimates.record(k, num_accepted, verify_s, draft_s, step_s, is_steady)
         if self.history is not None:
-            h = self.history
-            averages.append((h.verify_s, h.acceptance, h.draft_s_per_token))
-        for verify, acceptance, draft in averages:
-            verify.setdefault(k, _Average(acceptance.weight)).add(verify_s)
-            if k > 0:
-                # the accepted prefix ends at the first rejection: k trials of which num_accepted
-                # succeeded, one failed unless all were accepted (a geometric sample of acceptance)
-                acceptance.add(num_accepted / (num_accepted + (1 if num_accepted < k else 0)))
-                draft.add(draft_s / k)
+            self.history.estimates.record(k, num_accepted, verify_s, draft_s, step_s, is_steady)
+        self._was_drafting = k > 0
         if self._probing:
             self.probes.record_probe(num_accepted)
             self._probing = False
 
-    @property
-    def acceptance(self) -> float:
-        return self._acceptance.value
-
     def _best_k(self) -> int:
-        if self.k_max == 0:
-            return 0
-        if not self._verify_s:
-            return self.k_max
-        return max(range(self.k_max + 1), key=self._tokens_per_s)
+        longest = max(self._estimates.verify_s)  # grow one k past the longest measured at a time
+        return max(range(min(self.k_max, longest + 1) + 1), key=self._tokens_per_s)
 
     def _tokens_per_s(self, k: int) -> float:
-        a = min(self._acceptance.value, 0.999)
+        a = min(self._estimates.acceptance.value, 0.999)
         expected_tokens = (1 - a ** (k + 1)) / (1 - a)
-        step_s = self._verify_estimate(k)
+        step_s = self._verify_estimate(k) + self._overhead_estimate(k > 0)
         if k > 0:
-            step_s += k * (self._draft_s_per_token.value or 0.0) + self.rpc_s
-        return expected_tokens / step_s if step_s > 0 else float(k == self.k_max)
+            step_s += k * (self._estimates.draft_s_per_token.value or 0.0)
+        return expected_tokens / step_s if step_s > 0 else float(k)
+
+    def _overhead_estimate(self, is_drafting: bool) -> float:
+        measured = self._estimates.overhead_s
+        if measured[is_drafting].value is not None:
+            return measured[is_drafting].value
+        other = measured[not is_drafting].value or 0.0
+        return other + RPC_PRIOR_S if is_drafting else other
 
     def _verify_estimate(self, k: int) -> float:
-        if k in self._verify_s:
-            return self._verify_s[k].value
-        points = [(measured, average.value) for measured, average in self._verify_s.items()]
+        verify_s = self._estimates.verify_s
+        if k in verify_s:
+            return verify_s[k].value
+        points = [(measured, average.value) for measured, average in verify_s.items()]
         if len(points) == 1:
             return points[0][1]
         mean_k = sum(x for x, _ in points) / len(points)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass
@@ -95,6 +96,7 @@ async def _decode(
         draft.commit([first])
     yield Step([first], 0, 0)
     num_generated = 1
+    step_start = time.perf_counter()  # a step's wall time includes the caller's work on the previous one
     while num_generated < max_new_tokens:
         # a verify commits up to k + 1 tokens; never run past max_new_tokens
         k = min(policy.next_k() if policy else num_draft_tokens, max_new_tokens - num_generated - 1) \
@@ -107,8 +109,10 @@ async def _decode(
             await _close(target, draft)
             raise
         if policy is not None:
+            step_end = time.perf_counter()
             policy.record(len(proposal.token_ids), verified.num_accepted, (target.forward_ns - target_ns) / 1e9,
-                          proposal.forward_ns / 1e9)
+                          proposal.forward_ns / 1e9, step_end - step_start)
+            step_start = step_end
         if draft is not None:
             draft.commit(verified.committed_ids, verified.num_accepted)
         num_generated += len(verified.committed_ids)

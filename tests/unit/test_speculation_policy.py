@@ -2,6 +2,7 @@
 trades acceptance against the measured cost of longer verifies."""
 from __future__ import annotations
 
+import random
 from itertools import pairwise
 
 from gateway.speculation_policy import ProbeSchedule, SpeculationHistory, SpeculationPolicy
@@ -9,12 +10,14 @@ from gateway.speculation_policy import ProbeSchedule, SpeculationHistory, Specul
 MS = 1e-3
 
 
-def _run(policy: SpeculationPolicy, num_steps: int, accepted_of, verify_s_of, draft_s_per_token: float = 0.2 * MS
-         ) -> list[int]:
+def _run(policy: SpeculationPolicy, num_steps: int, accepted_of, verify_s_of, draft_s_per_token: float = 0.2 * MS,
+         overhead_s_of=lambda k: 0.0) -> list[int]:
+    """`overhead_s_of(k)`: what a step's wall time adds to the two forwards (round trips, the gateway)."""
     ks = []
     for _ in range(num_steps):
         k = policy.next_k()
-        policy.record(k, accepted_of(k), verify_s_of(k), k * draft_s_per_token)
+        verify_s, draft_s = verify_s_of(k), k * draft_s_per_token
+        policy.record(k, accepted_of(k), verify_s, draft_s, verify_s + draft_s + overhead_s_of(k))
         ks.append(k)
     return ks
 
@@ -37,7 +40,7 @@ def test_a_new_request_starts_from_what_earlier_requests_of_its_draft_measured()
     for _ in range(3):  # three requests with a draft that is always wrong
         _run(SpeculationPolicy(k_max=4, history=history), 30, accepted_of=lambda k: 0, verify_s_of=lambda k: 5 * MS)
     fresh = SpeculationPolicy(k_max=4)
-    assert fresh.next_k() == 4  # no history: optimistic
+    assert fresh.next_k() == 1  # no history: drafts, but a little
     assert SpeculationPolicy(k_max=4, history=history).next_k() == 0  # history: off from the first step
 
 
@@ -77,6 +80,54 @@ def test_expensive_verifies_pick_the_k_with_the_most_tokens_per_second():
         return (1 - a ** (k + 1)) / (1 - a) / (verify(k) + 5 * MS * k)
     best = max(range(7), key=rate)
     assert abs(ks[-1] - best) <= 1 and max(ks[-10:]) < 6
+
+
+def _geometric(acceptance: float, seed: int = 0):
+    """Accepted tokens of a draft whose every token is accepted with probability `acceptance`."""
+    rng = random.Random(seed)
+
+    def accepted_of(k: int) -> int:
+        return next((i for i in range(k) if rng.random() >= acceptance), k)
+    return accepted_of
+
+
+def _cpu_verify_s(k: int) -> float:
+    return (50 + 5 * k) * MS  # a CPU: a decode step costs ~50 ms, each extra verified token more
+
+
+def test_a_request_without_history_starts_at_k1_and_grows_one_k_at_a_time():
+    ks = _run(SpeculationPolicy(k_max=6), 30, accepted_of=lambda k: k, verify_s_of=lambda k: 5 * MS)
+    assert ks[0] == 1
+    assert all(b - a <= 1 for a, b in pairwise(ks))
+    assert ks[-1] == 6
+
+
+def test_a_few_rejections_in_a_row_do_not_switch_a_good_draft_off():
+    history = SpeculationHistory()
+    for seed in range(3):  # earlier requests: accepted 55 % of the time, k = 1 wins clearly
+        _run(SpeculationPolicy(k_max=4, history=history), 40, _geometric(0.55, seed), _cpu_verify_s,
+             draft_s_per_token=5 * MS, overhead_s_of=lambda k: (4 if k else 1) * MS)
+    policy = SpeculationPolicy(k_max=4, history=history)
+    assert policy.is_drafting
+    _run(policy, 3, accepted_of=lambda k: 0, verify_s_of=_cpu_verify_s, draft_s_per_token=5 * MS,
+         overhead_s_of=lambda k: (4 if k else 1) * MS)  # bad luck
+    assert policy.is_drafting
+
+
+def test_the_measured_overhead_of_drafting_steps_can_make_speculation_lose():
+    def last_ks(drafting_overhead_s: float) -> list[int]:
+        return _run(SpeculationPolicy(k_max=4), 120, _geometric(0.3), verify_s_of=lambda k: 50 * MS,
+                    draft_s_per_token=2 * MS, overhead_s_of=lambda k: drafting_overhead_s if k else 0.0)[-30:]
+    assert sum(k > 0 for k in last_ks(0.0)) > 25  # the forwards alone: 1.3 tokens in 52 ms beat 1 in 50
+    assert sum(k > 0 for k in last_ks(20 * MS)) <= 3  # a round trip of 20 ms: off, a few probes aside
+
+
+def test_the_catch_up_after_steps_off_is_not_counted_as_drafting_overhead():
+    policy = SpeculationPolicy(k_max=1)
+    policy.record(1, 1, 50 * MS, 5 * MS, 57 * MS)
+    policy.record(0, 0, 50 * MS, 0.0, 51 * MS)
+    policy.record(1, 1, 50 * MS, 5 * MS, 200 * MS)  # after a step off: the draft caught up first
+    assert policy.is_drafting
 
 
 def test_k_max_zero_never_speculates():
