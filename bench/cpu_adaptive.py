@@ -100,6 +100,10 @@ def main() -> None:
                 metrics[f"{prefix}_tok_s"] = tok_s[name]
                 if configs[name] != 0:
                     metrics[f"{prefix}_acceptance_rate"] = t.ratio("accepted", "drafted")
+                steps = t.counts["steps"] or 1
+                print(f"{prefix}: {tok_s[name]:.1f} tok/s, per step {1e3 * t.seconds / steps:.1f} ms: target "
+                      f"{1e3 * t.counts['target_s'] / steps:.1f}, draft {1e3 * t.counts['draft_s'] / steps:.1f}, "
+                      f"tokens {t.counts['tokens'] / steps:.2f}", file=sys.stderr)
             best_fixed = max(tok_s[f"k{k}"] for k in FIXED_KS)
             over_best.append(tok_s["adaptive"] / best_fixed)
             over_target.append(tok_s["adaptive"] / tok_s["target_only"])

@@ -58,6 +58,31 @@ def test_late_opened_draft_catches_up_on_everything_committed(loop, target_serve
     _wait_draft_idle(identical)
 
 
+def test_open_draft_catches_up_after_steps_off(loop, target_server, draft_servers, draft_stub, tokenizer,
+                                               hf_greedy):
+    """Drafting, then steps at k = 0 (the policy switched off), then a probe: the draft first drops
+    its rejected tokens and appends everything committed meanwhile, so it proposes the right tokens."""
+    prompt_ids = tokenizer.encode("The quick brown fox")
+    expected = hf_greedy(prompt_ids, 24)
+    assert len(expected) >= 16
+    backends = loop.run(_backends(target_server.port, draft_servers["identical"].port))
+    streams = RequestStreams(backends, "", use_draft=True, timeout_s=60)
+    draft = LazyDraft(streams, prompt_ids, 24, SamplingParams())
+    try:
+        loop.run(draft.open())
+        draft.commit(expected[:1])  # the target's prefill token
+        assert loop.run(draft.propose(2)).token_ids == expected[1:3]
+        draft.commit([expected[1], 7], num_accepted=1)  # the second draft token rejected: the target said 7
+        for token_id in (8, 9, 10):  # steps at k = 0 (the target's tokens, whatever they are)
+            draft.commit([token_id])
+        context = prompt_ids + expected[:2] + [7, 8, 9, 10]
+        assert loop.run(draft.propose(3)).token_ids == hf_greedy(context, 3)
+    finally:
+        loop.run(streams.close())
+        loop.run(backends.close())
+    _wait_draft_idle(draft_stub("identical"))
+
+
 def test_request_at_k0_makes_no_draft_calls_and_a_later_probe_keeps_output_identical(
         loop, target_server, draft_servers, draft_stub, gateway_stub):
     """A fresh gateway learns that the unrelated draft loses; its later requests start at k = 0, and

@@ -56,6 +56,25 @@ def test_requests_of_a_losing_draft_share_one_probe_schedule_that_backs_off_to_i
     assert len(probes) < 20  # per-request schedules would probe at least twice in each of 39 requests
 
 
+def test_a_request_that_is_off_keeps_probing_while_others_of_its_draft_draft():
+    schedule = ProbeSchedule(every=8)
+    winning = SpeculationPolicy(k_max=4, probes=schedule)
+    losing = SpeculationPolicy(k_max=4, probes=schedule)
+    losing_ks = []
+    for _ in range(80):  # interleaved steps of two requests sharing one probe schedule
+        _run(winning, 1, accepted_of=lambda k: k, verify_s_of=lambda k: 5 * MS)
+        losing_ks += _run(losing, 1, accepted_of=lambda k: 0, verify_s_of=lambda k: 5 * MS)
+    assert 3 <= sum(k > 0 for k in losing_ks[-40:]) <= 6  # a probe every 8 steps off, no back-off
+
+
+def test_a_step_that_drafts_on_its_merits_ends_the_probe_back_off():
+    schedule = ProbeSchedule(every=4, max_interval=64)
+    for _ in range(3):  # three probes that found nothing: 4 -> 8 -> 16 -> 32 steps apart
+        schedule.record_probe(num_accepted=0)
+    schedule.count_step_on()  # the draft wins somewhere
+    assert [schedule.count_step_off() for _ in range(4)] == [False, False, False, True]
+
+
 def test_a_request_that_starts_off_does_not_want_its_draft_opened():
     history = SpeculationHistory()
     _run(SpeculationPolicy(k_max=4, history=history), 30, accepted_of=lambda k: 0, verify_s_of=lambda k: 5 * MS)
