@@ -45,7 +45,9 @@ Requests learn from each other: a `SpeculationHistory` per draft and decoding mo
 sampled: they accept differently; kept by the gateway) follows the estimates of the requests that
 used it, slowly, and a new request starts from it instead of from the prior - so with a draft that
 loses, requests after the first start at k = 0 (and, unless a probe falls due, never open the draft),
-and with one that wins they start at the k that won.
+and with one that wins they start at the k that won. A request whose draft's history says off, but
+only just (it would win at `START_OPTIMISM` times the history's acceptance), drafts its first step
+anyway: its own prompt may suit the draft better, and the history cannot tell.
 
 Output is unaffected: the loop is lossless for every k. A request can pin k instead
 (GenerateRequest.num_draft_tokens).
@@ -58,6 +60,7 @@ ACCEPTANCE_PRIOR = 0.5  # modest: a cold request drafts (k = 1) but must measure
 PRIOR_TRIALS = 2  # what the prior counts for, in draft positions: a few steps overrule it
 SEED_TRIALS = 8  # what a draft's history counts for in a new request (its prompt may differ)
 ACCEPTANCE_MEMORY = 32  # draft positions a request's acceptance remembers
+START_OPTIMISM = 1.5  # prompts' acceptance varies around their draft's average (CPU, greedy: 0.22-0.6)
 RPC_PRIOR_S = 2e-4  # the extra round trip of a drafting step before one is measured (loopback)
 
 
@@ -192,6 +195,7 @@ class SpeculationPolicy:
     _estimates: _Estimates = field(init=False)
     _probing: bool = field(default=False, init=False)
     _was_drafting: bool = field(init=False)  # the previous step drafted (its draft is caught up)
+    _has_stepped: bool = field(default=False, init=False)
 
     def __post_init__(self) -> None:
         self._estimates = _Estimates(self.weight, _Acceptance(ACCEPTANCE_MEMORY))
@@ -203,7 +207,7 @@ class SpeculationPolicy:
     @property
     def is_drafting(self) -> bool:
         """Whether the next step will draft on the estimates (probes aside); no side effects."""
-        return self.k_max > 0 and (not self._estimates.verify_s or self._best_k() > 0)
+        return self.k_max > 0 and (not self._estimates.verify_s or self._choice() > 0)
 
     @property
     def acceptance(self) -> float:
@@ -215,7 +219,7 @@ class SpeculationPolicy:
             return 0
         if not self._estimates.verify_s:  # nothing measured: start small, grow on evidence
             return 1
-        best = self._best_k()
+        best = self._choice()
         if best > 0 and best - 1 not in self._estimates.verify_s:
             return best - 1  # one measurement below the best: the verify-time line needs two points
         if best > 0:
@@ -232,16 +236,26 @@ class SpeculationPolicy:
         if self.history is not None:
             self.history.estimates.record(k, num_accepted, verify_s, draft_s, step_s, is_steady)
         self._was_drafting = k > 0
+        self._has_stepped = True
         if self._probing:
             self.probes.record_probe(num_accepted)
             self._probing = False
 
-    def _best_k(self) -> int:
-        longest = max(self._estimates.verify_s)  # grow one k past the longest measured at a time
-        return max(range(min(self.k_max, longest + 1) + 1), key=self._tokens_per_s)
+    def _choice(self) -> int:
+        """The best k on the estimates; for a request's first step, k = 1 where the estimates say
+        off but its draft would win at START_OPTIMISM times their acceptance: prompts differ, and
+        near break-even finding out costs little."""
+        best = self._best_k(self.acceptance)
+        if best == 0 and not self._has_stepped and self._best_k(self.acceptance * START_OPTIMISM) > 0:
+            return 1
+        return best
 
-    def _tokens_per_s(self, k: int) -> float:
-        a = min(self._estimates.acceptance.value, 0.999)
+    def _best_k(self, acceptance: float) -> int:
+        longest = max(self._estimates.verify_s)  # grow one k past the longest measured at a time
+        return max(range(min(self.k_max, longest + 1) + 1), key=lambda k: self._tokens_per_s(k, acceptance))
+
+    def _tokens_per_s(self, k: int, acceptance: float) -> float:
+        a = min(acceptance, 0.999)
         expected_tokens = (1 - a ** (k + 1)) / (1 - a)
         step_s = self._verify_estimate(k) + self._overhead_estimate(k > 0)
         if k > 0:

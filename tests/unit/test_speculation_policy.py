@@ -133,6 +133,27 @@ def test_a_few_rejections_in_a_row_do_not_switch_a_good_draft_off():
     assert policy.is_drafting
 
 
+def _cpu_history(acceptance: float) -> SpeculationHistory:
+    """A draft's history on CPU costs (break-even at ~0.40 acceptance): 60 steps at k = 1, accepted
+    with `acceptance`, and 20 at k = 0."""
+    history = SpeculationHistory()
+    policy = SpeculationPolicy(k_max=4, history=history)
+    accepted_of = _geometric(acceptance, seed=1)
+    for k in [1] * 60 + [0] * 20:
+        verify_s, draft_s = _cpu_verify_s(k), 14 * MS * k
+        policy.record(k, accepted_of(k), verify_s, draft_s, verify_s + draft_s + (4 if k else 2) * MS)
+    return history
+
+
+def test_a_request_drafts_its_first_step_where_its_draft_only_just_loses():
+    cpu = dict(verify_s_of=_cpu_verify_s, draft_s_per_token=14 * MS, overhead_s_of=lambda k: (4 if k else 2) * MS)
+    near = SpeculationPolicy(k_max=4, history=_cpu_history(0.33))
+    assert near.is_drafting  # its prompt may suit the draft better than the average: find out
+    _run(near, 1, accepted_of=lambda k: 0, **cpu)  # it does not
+    assert not near.is_drafting
+    assert not SpeculationPolicy(k_max=4, history=_cpu_history(0.1)).is_drafting  # far from break-even: off
+
+
 def test_the_measured_overhead_of_drafting_steps_can_make_speculation_lose():
     def last_ks(drafting_overhead_s: float) -> list[int]:
         return _run(SpeculationPolicy(k_max=4), 120, _geometric(0.3), verify_s_of=lambda k: 50 * MS,
