@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
 from distill.prompts import held_out_prompts  # noqa: E402
+from engine.linear import native_bf16  # noqa: E402
 from engine.model_source import DEFAULT_MODEL  # noqa: E402
 from report import save_report  # noqa: E402
 from specdec.client import build_request  # noqa: E402
@@ -54,13 +55,16 @@ def main() -> None:
     parser.add_argument("--sweep", type=int, nargs="*", default=[1, 3], help="other k for the distilled draft")
     parser.add_argument("--ngram-k", type=int, nargs="*", default=[2, 4], help="k values for the n-gram drafter")
     parser.add_argument("--rounds", type=int, default=1)
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="the target's dtype")
+    parser.add_argument("--draft-dtype", default=None, choices=["float32", "bfloat16"],
+                        help="the distilled draft's (default: the draft service's own: bfloat16 on CPUs that have it)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "cpu_default_pair.json")
     args = parser.parse_args()
     token = secrets.token_hex(8)
     os.environ["SPECDEC_DRAFT_ADMIN_TOKEN"] = token  # the draft service (a child) enables LoadDraft with it
     launch_args = argparse.Namespace(target_model=DEFAULT_MODEL, drafter="model", draft_model=args.draft,
-                                     num_draft_tokens=args.k, timeout_s=600, log_level="WARNING", dtype=args.dtype)
+                                     num_draft_tokens=args.k, timeout_s=600, log_level="WARNING",
+                                     dtype=args.dtype, draft_dtype=args.draft_dtype or ("bfloat16" if native_bf16() else "float32"))
     prompts = held_out_prompts()
     configs = [("distilled", k) for k in sorted({args.k, *args.sweep})] + [("ngram", k) for k in args.ngram_k]
     totals: dict[str, Totals] = defaultdict(Totals)
@@ -103,6 +107,7 @@ def main() -> None:
         "outputs_differing_from_target_only": mismatches,
         "draft": args.draft,
         "dtype": args.dtype,
+        "draft_dtype": launch_args.draft_dtype,
         "num_prompts": len(prompts),
         "rounds": args.rounds,
         "max_new_tokens": args.max_new_tokens,

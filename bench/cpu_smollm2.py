@@ -68,7 +68,8 @@ def main() -> None:
     args = parser.parse_args()
     ks = sorted({args.k, *args.sweep})
     launch_args = argparse.Namespace(target_model=DEFAULT_MODEL, drafter="ngram", draft_model=None,
-                                     num_draft_tokens=args.k, timeout_s=600, log_level="WARNING", dtype=args.dtype)
+                                     num_draft_tokens=args.k, timeout_s=600, log_level="WARNING", dtype=args.dtype,
+                                     draft_dtype=None)
     totals = defaultdict(Totals)
     mismatches = 0
     with tempfile.TemporaryDirectory() as tmp:

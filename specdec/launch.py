@@ -22,7 +22,7 @@ from engine.model_source import DEFAULT_MODEL
 from specdec.client import build_request, format_stats, stream
 
 # The distilled draft for DEFAULT_MODEL, shipped with the project (python -m distill; docs/distill.md)
-DEFAULT_DRAFT = Path(__file__).resolve().parent.parent / "drafts" / "smollm2-135m-instruct-4l"
+DEFAULT_DRAFT = Path(__file__).resolve().parent.parent / "drafts" / "smollm2-135m-instruct-6l"
 # Draft tokens per verify step that measured fastest on a 2-core CPU (bench/results/cpu_default_pair.json,
 # bench/results/cpu_smollm2.json)
 DEFAULT_K = {"model": 1, "ngram": 4}
@@ -101,7 +101,8 @@ def _start(trio: Trio, args: argparse.Namespace) -> str:
     common = ["--log-level", args.log_level]
     dtype = ["--dtype", args.dtype] if args.dtype else []
     target = trio.spawn("target", "target_service", ["--model", args.target_model, *dtype, *common])
-    draft_args = ["--drafter", args.drafter, *dtype, *common]
+    draft_dtype = args.draft_dtype or args.dtype
+    draft_args = ["--drafter", args.drafter, *(["--dtype", draft_dtype] if draft_dtype else []), *common]
     if args.draft_model:
         draft_args += ["--model", args.draft_model]
     draft = trio.spawn("draft", "draft_service", draft_args)
@@ -125,7 +126,11 @@ def launch_parser() -> argparse.ArgumentParser:
                         help="default: 'model' with the shipped distilled draft for the default target, else 'ngram'")
     parser.add_argument("--draft-model", default=os.environ.get("SPECDEC_DRAFT_MODEL"),
                         help=f"the draft model spec (default for the default target: {DEFAULT_DRAFT})")
-    parser.add_argument("--dtype", default=os.environ.get("SPECDEC_DTYPE"), help="float32 / bfloat16 for both models")
+    parser.add_argument("--dtype", default=os.environ.get("SPECDEC_DTYPE"),
+                        help="float32 / bfloat16 for both models (default: each service's own)")
+    parser.add_argument("--draft-dtype", default=os.environ.get("SPECDEC_DRAFT_DTYPE"),
+                        help="the draft's dtype, if not --dtype (the draft service's default on CPU: bfloat16 where "
+                             "the CPU has it natively)")
     parser.add_argument("-k", "--num-draft-tokens", type=int, default=os.environ.get("SPECDEC_NUM_DRAFT_TOKENS"),
                         help=f"draft tokens per step (default per drafter: {DEFAULT_K})")
     parser.add_argument("--demo", metavar="PROMPT", help="stream one chat answer, print its stats, stop")

@@ -44,9 +44,9 @@ def test_the_shipped_draft_runs_on_the_embedded_target_and_agrees_with_it():
     assert draft.description.tokenizer_fingerprint == target.description.tokenizer_fingerprint
     assert draft.model.shape.num_layers == meta["num_layers"] < target.model.shape.num_layers
     assert len(draft.model.lm_head.vocab_ids) == meta["head_rows"] < draft.description.vocab_size
-    # teacher-forced top-1 agreement on the target's own greedy answers to held-out prompts (0.60 over
-    # the 16 held-out answers on the H200 when shipped, 0.53 here over 6 x 48 tokens; a broken export or
-    # a mismatched vocabulary agrees on ~0)
+    # teacher-forced top-1 agreement on the target's own greedy answers to held-out prompts (0.72 over
+    # the 16 held-out answers on the H200 when shipped; here 0.64 over the first 64 tokens of each,
+    # `python -m distill.evaluate`; a broken export or a mismatched vocabulary agrees on ~0)
     agree = total = 0
     for prompt in held_out_prompts()[:4]:
         ids = target.tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
@@ -63,4 +63,4 @@ def test_the_shipped_draft_runs_on_the_embedded_target_and_agrees_with_it():
         draft_logits = draft.forward([StepInput(draft.kv.new_sequence(), seq[:-1], num_logits=len(answer))])[0]
         agree += int((draft_logits.argmax(-1) == torch.tensor(answer)).sum())
         total += len(answer)
-    assert agree / total >= 0.35, f"the shipped draft agrees with the target on {agree}/{total} tokens"
+    assert agree / total >= 0.5, f"the shipped draft agrees with the target on {agree}/{total} tokens"

@@ -22,7 +22,7 @@ MAX_NEW_TOKENS = 24
 @pytest.fixture(scope="module")
 def trio(tmp_path_factory):
     args = argparse.Namespace(target_model=DEFAULT_MODEL, drafter="ngram", draft_model=None, num_draft_tokens=3,
-                              timeout_s=600, log_level="WARNING", dtype=None)
+                              timeout_s=600, log_level="WARNING", dtype=None, draft_dtype=None)
     trio, address = start_trio(args, tmp_path_factory.mktemp("trio"))
     yield trio, address
     trio.stop()
@@ -84,7 +84,8 @@ def test_a_trio_whose_draft_fails_to_start_leaves_no_process_behind(model_dirs, 
     import psutil
 
     args = argparse.Namespace(target_model=str(model_dirs["target"]), drafter="model", draft_model=str(tmp_path / "none"),
-                              num_draft_tokens=3, timeout_s=120, log_level="ERROR", dtype=None)
+                              num_draft_tokens=3, timeout_s=120, log_level="ERROR", dtype=None,
+                              draft_dtype=None)
     before = {p.pid for p in psutil.Process().children()}
     with pytest.raises(RuntimeError, match="draft exited"):
         start_trio(args, tmp_path)
