@@ -24,7 +24,6 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
 from distill.prompts import held_out_prompts  # noqa: E402
-from engine.linear import native_bf16  # noqa: E402
 from engine.model_source import DEFAULT_MODEL  # noqa: E402
 from report import save_report  # noqa: E402
 from specdec.client import build_request  # noqa: E402
@@ -57,14 +56,14 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="the target's dtype")
     parser.add_argument("--draft-dtype", default=None, choices=["float32", "bfloat16"],
-                        help="the distilled draft's (default: the draft service's own: bfloat16 on CPUs that have it)")
+                        help="the distilled draft's (default: --dtype)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "cpu_default_pair.json")
     args = parser.parse_args()
     token = secrets.token_hex(8)
     os.environ["SPECDEC_DRAFT_ADMIN_TOKEN"] = token  # the draft service (a child) enables LoadDraft with it
     launch_args = argparse.Namespace(target_model=DEFAULT_MODEL, drafter="model", draft_model=args.draft,
                                      num_draft_tokens=args.k, timeout_s=600, log_level="WARNING",
-                                     dtype=args.dtype, draft_dtype=args.draft_dtype or ("bfloat16" if native_bf16() else "float32"))
+                                     dtype=args.dtype, draft_dtype=args.draft_dtype)
     prompts = held_out_prompts()
     configs = [("distilled", k) for k in sorted({args.k, *args.sweep})] + [("ngram", k) for k in args.ngram_k]
     totals: dict[str, Totals] = defaultdict(Totals)
@@ -107,7 +106,7 @@ def main() -> None:
         "outputs_differing_from_target_only": mismatches,
         "draft": args.draft,
         "dtype": args.dtype,
-        "draft_dtype": launch_args.draft_dtype,
+        "draft_dtype": args.draft_dtype or args.dtype,
         "num_prompts": len(prompts),
         "rounds": args.rounds,
         "max_new_tokens": args.max_new_tokens,

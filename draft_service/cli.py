@@ -4,7 +4,6 @@ from __future__ import annotations
 import argparse
 
 from draft_service.server import run
-from engine.linear import native_bf16
 from engine.model_source import DEFAULT_MODEL
 from specdec.cli_args import add_runtime_args, add_server_args, env_default, runtime_config, setup_logging
 from specdec.tls import add_server_tls_args
@@ -20,9 +19,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--admin-token", default=env_default("SPECDEC_DRAFT", "admin_token", None),
                         help="enables LoadDraft/UnloadDraft for callers sending 'authorization: Bearer TOKEN' "
                              "(prefer the env var: flags show in ps)")
-    # a draft's numerics never change the output (the target verifies every token), so on a CPU with
-    # native bfloat16 the draft runs in it: about half the bytes a step reads
-    add_runtime_args(parser, "SPECDEC_DRAFT", DEFAULT_MODEL, cpu_dtype="bfloat16" if native_bf16() else "float32")
+    add_runtime_args(parser, "SPECDEC_DRAFT", DEFAULT_MODEL)
     add_server_tls_args(parser, "SPECDEC_DRAFT")
     args = parser.parse_args(argv)
     setup_logging(args.log_level, args.log_format)

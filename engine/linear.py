@@ -24,14 +24,6 @@ from torch import nn
 TRANSPOSED_ROWS = range(2, 65)
 
 
-def native_bf16() -> bool:
-    """Whether this CPU runs bfloat16 matmuls natively (AVX512-BF16 / AMX); without, bf16 is emulated and slow."""
-    try:
-        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    except (AttributeError, RuntimeError):
-        return False
-
-
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x [rows, in] @ weight [out, in]^T (+ bias), in the faster form for the rows on CPU."""
     if x.device.type != "cpu" or x.dim() != 2 or x.shape[0] not in TRANSPOSED_ROWS:

@@ -29,15 +29,12 @@ def add_server_args(parser: argparse.ArgumentParser, prefix: str, default_port: 
                         help="serve Prometheus metrics at http://HOST:PORT/metrics; unset: off, 0: a free port")
 
 
-def add_runtime_args(parser: argparse.ArgumentParser, prefix: str, default_model: str,
-                     cpu_dtype: str = "float32") -> None:
-    """The model runtime's flags; `cpu_dtype` is the --dtype default on CPU (bfloat16 on GPUs)."""
+def add_runtime_args(parser: argparse.ArgumentParser, prefix: str, default_model: str) -> None:
     env = lambda name, default: env_default(prefix, name, default)  # noqa: E731
-    parser.set_defaults(cpu_dtype=cpu_dtype)
     parser.add_argument("--model", default=env("model", default_model),
                         help="HF hub id, local directory, .gguf file, or package:MODULE/FILE")
     parser.add_argument("--device", default=env("device", "cuda" if torch.cuda.is_available() else "cpu"))
-    parser.add_argument("--dtype", default=env("dtype", None), help=f"float32 or bfloat16 (default: {cpu_dtype} on CPU, bfloat16 on GPU)")
+    parser.add_argument("--dtype", default=env("dtype", None), help="float32 (CPU default) or bfloat16 (GPU default)")
     parser.add_argument("--max-model-len", type=int, default=env("max_model_len", None))
     parser.add_argument("--kv-cache-tokens", type=int, default=env("kv_cache_tokens", 65536))
     parser.add_argument("--kv-cache-memory-fraction", type=float, default=env("kv_cache_memory_fraction", None),
@@ -51,7 +48,7 @@ def add_runtime_args(parser: argparse.ArgumentParser, prefix: str, default_model
 def runtime_config(args: argparse.Namespace) -> RuntimeConfig:
     if args.num_threads:
         torch.set_num_threads(int(args.num_threads))
-    dtype = args.dtype or ("bfloat16" if str(args.device).startswith("cuda") else args.cpu_dtype)
+    dtype = args.dtype or ("bfloat16" if str(args.device).startswith("cuda") else "float32")
     return RuntimeConfig(
         model=args.model,
         device=args.device,

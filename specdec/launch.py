@@ -129,8 +129,7 @@ def launch_parser() -> argparse.ArgumentParser:
     parser.add_argument("--dtype", default=os.environ.get("SPECDEC_DTYPE"),
                         help="float32 / bfloat16 for both models (default: each service's own)")
     parser.add_argument("--draft-dtype", default=os.environ.get("SPECDEC_DRAFT_DTYPE"),
-                        help="the draft's dtype, if not --dtype (the draft service's default on CPU: bfloat16 where "
-                             "the CPU has it natively)")
+                        help="the draft's dtype, if not --dtype (a draft's numerics never change the output)")
     parser.add_argument("-k", "--num-draft-tokens", type=int, default=os.environ.get("SPECDEC_NUM_DRAFT_TOKENS"),
                         help=f"draft tokens per step (default per drafter: {DEFAULT_K})")
     parser.add_argument("--demo", metavar="PROMPT", help="stream one chat answer, print its stats, stop")
