@@ -80,16 +80,19 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--target", default=DEFAULT_MODEL)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--k", type=int, nargs="+", default=[1, 2, 3, 4])
+    parser.add_argument("--quantize", choices=["none", "int8"], default="none",
+                        help="the drafts' weights as the draft service would run them (its CPU default: int8)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     runtime = RuntimeConfig(model=args.target, kv_cache_tokens=4096)
     answers = target_answers(ModelRunner(runtime), held_out_prompts(), args.max_new_tokens)
-    report = {"target": args.target, "num_answers": len(answers), "num_tokens": sum(len(a) for _, a in answers),
+    report = {"target": args.target, "quantize": args.quantize, "num_answers": len(answers), "num_tokens": sum(len(a) for _, a in answers),
               "drafts": {}}
     for spec in args.draft:
-        masks = match_masks(ModelRunner(RuntimeConfig(model=spec, kv_cache_tokens=4096)), answers)
+        masks = match_masks(ModelRunner(RuntimeConfig(model=spec, kv_cache_tokens=4096, quantize=args.quantize)),
+                            answers)
         report["drafts"][spec] = {
             "agreement": round(sum(map(sum, masks)) / report["num_tokens"], 4),
             "greedy": [{key: round(v, 4) if isinstance(v, float) else v for key, v in

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 
 from draft_service.server import run
 from engine.model_source import DEFAULT_MODEL
@@ -20,10 +21,14 @@ def main(argv: list[str] | None = None) -> None:
                         help="enables LoadDraft/UnloadDraft for callers sending 'authorization: Bearer TOKEN' "
                              "(prefer the env var: flags show in ps)")
     add_runtime_args(parser, "SPECDEC_DRAFT", DEFAULT_MODEL)
+    parser.add_argument("--quantize", choices=["none", "int8"], default=env_default("SPECDEC_DRAFT", "quantize", None),
+                        help="weight-only int8 drafts (default: int8 on CPU, where a draft step is bound by the bytes "
+                             "it reads; none on GPU). A draft's numerics never change the output")
     add_server_tls_args(parser, "SPECDEC_DRAFT")
     args = parser.parse_args(argv)
     setup_logging(args.log_level, args.log_format)
-    run(args, runtime_config(args))
+    quantize = args.quantize or ("int8" if args.device == "cpu" else "none")
+    run(args, replace(runtime_config(args), quantize=quantize))
 
 
 if __name__ == "__main__":

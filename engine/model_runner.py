@@ -11,7 +11,7 @@ from engine.attention import paged_attention_reference
 from engine.batch import StepInput, build_forward_batch
 from engine.cuda_graphs import CudaGraphRunner, GraphConfig
 from engine.kv_cache import KVCacheConfig, KVPool
-from engine.linear import use_cpu_linear
+from engine.linear import quantize_int8, use_cpu_linear
 from engine.llama import AttentionFn, CausalLM
 from engine.model_source import LoadedModel, default_cache_dir, load_pretrained
 from engine.tokenizer_info import eos_token_ids, tokenizer_fingerprint
@@ -36,6 +36,7 @@ class RuntimeConfig:
     attention_backend: str = "auto"  # "triton" | "reference"; auto: triton on CUDA, reference on CPU
     use_cuda_graphs: bool = True  # decode/verify steps replay captured graphs (CUDA only)
     use_compile: bool = True  # torch.compile each layer's element-wise stages (CUDA only)
+    quantize: str = "none"  # "int8": weight-only int8 linears (CPU; for drafts: engine/linear.Int8Linear)
     cache_dir: Path = field(default_factory=default_cache_dir)
 
     def __post_init__(self) -> None:
@@ -47,6 +48,10 @@ class RuntimeConfig:
             raise ValueError(f"kv_cache_memory_fraction must be in (0, 1), got {self.kv_cache_memory_fraction}")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError("max_model_len must be >= 2")
+        if self.quantize not in ("none", "int8"):
+            raise ValueError(f"quantize must be 'none' or 'int8', got {self.quantize!r}")
+        if self.quantize == "int8" and self.device != "cpu":
+            raise ValueError("int8 weights run on CPU only (--quantize none on GPUs)")
         if self.attention_backend not in ("auto", "triton", "reference"):
             raise ValueError(f"attention_backend must be auto, triton or reference, got {self.attention_backend!r}")
 
@@ -83,6 +88,8 @@ class ModelRunner:
         self.model = CausalLM(loaded.hf_model, self.max_model_len + POSITION_HEADROOM)
         if device.type == "cpu":
             use_cpu_linear(self.model)  # few-row forwards (verify, catch-up) in MKL's fast form: engine/linear.py
+            if config.quantize == "int8":
+                quantize_int8(self.model)
         self.tokenizer = loaded.tokenizer
         shape = self.model.shape
         num_tokens = config.kv_cache_tokens

@@ -26,7 +26,7 @@ from specdec.v1 import draft_pb2_grpc, gateway_pb2_grpc, target_pb2_grpc  # noqa
 from target_service.server import start_target_server  # noqa: E402
 from tiny_models import build_model_dir, build_reduced_head_draft, build_tokenizer  # noqa: E402
 
-DRAFTS = ("identical", "perturbed", "unrelated", "reduced_head", "ngram")
+DRAFTS = ("identical", "perturbed", "unrelated", "reduced_head", "int8", "ngram")
 
 
 @pytest.fixture(scope="session")
@@ -44,6 +44,7 @@ def model_dirs(tmp_path_factory, tokenizer) -> dict[str, Path]:
         "perturbed": build_model_dir(root / "perturbed", tokenizer, seed=1, perturb_from=target, perturb_scale=0.05),
         "unrelated": build_model_dir(root / "unrelated", tokenizer, seed=2),
         "reduced_head": build_reduced_head_draft(root / "reduced_head", target),
+        "int8": target,  # served with weight-only int8 linears (CPU; as is elsewhere): the draft service's CPU default
         "other_tokenizer": build_model_dir(root / "other_tok", build_tokenizer(vocab_size=330), seed=3),
     }
 
@@ -59,9 +60,10 @@ def loop():
 DEVICE = os.environ.get("SPECDEC_TEST_DEVICE", "cpu")
 
 
-def _runner(path: Path, kv_cache_tokens: int = 8192, attention_backend: str = "auto") -> ModelRunner:
+def _runner(path: Path, kv_cache_tokens: int = 8192, attention_backend: str = "auto",
+            quantize: str = "none") -> ModelRunner:
     return ModelRunner(RuntimeConfig(model=str(path), kv_cache_tokens=kv_cache_tokens, device=DEVICE,
-                                     attention_backend=attention_backend))
+                                     attention_backend=attention_backend, quantize=quantize))
 
 
 @pytest.fixture(scope="session")
@@ -73,7 +75,9 @@ def target_server(loop, model_dirs):
 
 @pytest.fixture(scope="session")
 def draft_servers(loop, model_dirs):
-    drafters = {name: ModelDrafter(_runner(model_dirs[name])) for name in DRAFTS if name != "ngram"}
+    int8 = "int8" if DEVICE == "cpu" else "none"
+    drafters = {name: ModelDrafter(_runner(model_dirs[name], quantize=int8 if name == "int8" else "none"))
+                for name in DRAFTS if name != "ngram"}
     drafters["ngram"] = NgramDrafter()
     servers = {name: loop.run(start_draft_server(DraftRegistry.of(d))) for name, d in drafters.items()}
     yield servers

@@ -6,7 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.linear import CpuLinear, linear, use_cpu_linear
+from engine.linear import CpuLinear, Int8Linear, linear, quantize_int8, use_cpu_linear
+from engine.model_runner import RuntimeConfig
 
 
 @pytest.mark.parametrize("rows", [1, 2, 3, 5, 9, 64, 65, 200])
@@ -30,3 +31,27 @@ def test_use_cpu_linear_swaps_nested_linears_and_shares_their_weights():
     assert model[1][1].weight is weight
     for x, out in zip(inputs, expected):
         torch.testing.assert_close(model(x), out, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("shape", [(1, 48), (3, 48), (2, 5, 48), (0, 48)])
+def test_int8_linear_is_the_product_with_its_rounded_weights(shape):
+    gen = torch.Generator().manual_seed(0)
+    layer = nn.Linear(48, 80, bias=True)
+    x = torch.randn(*shape, generator=gen)
+    quantized = Int8Linear(layer)
+    weight = quantized.qweight.float() * quantized.scale.float()[:, None]
+    assert (weight - layer.weight).abs().max() <= layer.weight.abs().max() / 127  # half a step, per row
+    expected = F.linear(x.bfloat16().float(), weight, layer.bias)
+    torch.testing.assert_close(quantized(x), expected, rtol=2e-2, atol=2e-2)  # products in bfloat16
+    assert quantized(x).shape == (*shape[:-1], 80) and quantized(x).dtype == x.dtype
+
+
+def test_quantize_int8_swaps_plain_and_cpu_linears():
+    model = nn.Sequential(nn.Linear(8, 16), nn.Sequential(nn.ReLU(), CpuLinear(nn.Linear(16, 4, bias=False))))
+    quantize_int8(model)
+    assert isinstance(model[0], Int8Linear) and isinstance(model[1][1], Int8Linear)
+
+
+def test_int8_weights_are_refused_off_the_cpu():
+    with pytest.raises(ValueError, match="CPU only"):
+        RuntimeConfig(model="m", device="cuda", quantize="int8")
