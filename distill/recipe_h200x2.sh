@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# How drafts/smollm2-135m-instruct-4l was made: `python -m distill` on a two-GPU H200 machine, by phase
+# How drafts/smollm2-135m-instruct-6l was made: `python -m distill` on a two-GPU H200 machine, by phase
 # (each phase is one device call; the machine keeps /tmp between calls while it stays warm).
 #   stash PIECE   keep one piece of the target's GGUF in /tmp/g. The GGUF (98 MB) and the working tree
-#                 exceed one transfer, so it travels as three pieces: `split -n 3 FILE .gguf/part-`
+#                 exceed one transfer (64 MiB), so it travels in pieces, one call each: `split -n 4 FILE
+#                 .gguf/part-` (three were enough before the 43 MB draft joined the tree)
 #   data          join the pieces; built prompts on GPU 0 and self prompts on GPU 1, at once
 #   train         two drafts at once, 4 layers on GPU 0 and 6 on GPU 1, from the same data; the logs,
 #                 the drafts' metadata and the better draft's weights (split) go to $OUT
@@ -27,7 +28,7 @@ case "$1" in
       --out /tmp/unused --work /tmp/w-self >/tmp/data-self.log 2>&1 &
     self=$!
     wait $built && wait $self
-    tail -3 /tmp/data-built.log /tmp/data-self.log
+    tail -n 3 /tmp/data-built.log /tmp/data-self.log
     cat /tmp/w-built/log.jsonl /tmp/w-self/log.jsonl >"$OUT/data_log.jsonl"
     grep self_prompts /tmp/w-self/log.jsonl ;;
   train)
@@ -43,12 +44,13 @@ case "$1" in
       --out /tmp/dB --work /tmp/wB >/tmp/train-B.log 2>&1 &
     b=$!
     wait $a; wait $b || true
-    tail -2 /tmp/train-A.log /tmp/train-B.log
+    tail -n 2 /tmp/train-A.log /tmp/train-B.log
     for w in A B; do
       cp /tmp/w$w/log.jsonl "$OUT/log_$w.jsonl"
       cp /tmp/d$w/specdec_draft.json "$OUT/draft_$w.json" || true
     done
-    # the better draft's weights (both do not fit in what comes back): B only if it agrees 0.03 more
+    # the better draft's weights (both do not fit in what comes back, at most 8 files and 64 MB):
+    # B only if it agrees 0.03 more
     best=$(python -c "
 import json
 a, b = (json.load(open(f'/tmp/d{w}/specdec_draft.json'))['training']['held_out_agreement'] for w in 'AB')
