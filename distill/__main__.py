@@ -73,7 +73,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--hidden-weight", type=float, default=1.0,
                         help="weight of the final-hidden-state regression to the target (0: off)")
     parser.add_argument("--epochs", type=float, default=2.0)
-    parser.add_argument("--max-minutes", type=float, default=None, help="training time limit (the learning rate decays to its floor by then, or by the last "
+    parser.add_argument("--max-minutes", type=float, default=None,
+                        help="training time limit (the learning rate decays to its floor by then, or by the last "
                              "epoch, whichever comes first); exports what it has")
     parser.add_argument("--checkpoint-every", type=int, default=50)
     parser.add_argument("--eval-every", type=int, default=50)

@@ -88,8 +88,8 @@ def main(argv: list[str] | None = None) -> dict:
         torch.set_num_threads(args.threads)
     runtime = RuntimeConfig(model=args.target, kv_cache_tokens=4096)
     answers = target_answers(ModelRunner(runtime), held_out_prompts(), args.max_new_tokens)
-    report = {"target": args.target, "quantize": args.quantize, "num_answers": len(answers), "num_tokens": sum(len(a) for _, a in answers),
-              "drafts": {}}
+    report = {"target": args.target, "quantize": args.quantize, "num_answers": len(answers),
+              "num_tokens": sum(len(a) for _, a in answers), "drafts": {}}
     for spec in args.draft:
         masks = match_masks(ModelRunner(RuntimeConfig(model=spec, kv_cache_tokens=4096, quantize=args.quantize)),
                             answers)

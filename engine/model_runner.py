@@ -86,10 +86,10 @@ class ModelRunner:
         hf_config = loaded.hf_model.config
         self.max_model_len = _max_model_len(hf_config, config.max_model_len)
         self.model = CausalLM(loaded.hf_model, self.max_model_len + POSITION_HEADROOM)
-        if device.type == "cpu":
+        if config.quantize == "int8":
+            quantize_int8(self.model)  # CPU only (checked above): engine/linear.Int8Linear
+        elif device.type == "cpu":
             use_cpu_linear(self.model)  # few-row forwards (verify, catch-up) in MKL's fast form: engine/linear.py
-            if config.quantize == "int8":
-                quantize_int8(self.model)
         self.tokenizer = loaded.tokenizer
         shape = self.model.shape
         num_tokens = config.kv_cache_tokens

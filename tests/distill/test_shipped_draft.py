@@ -6,10 +6,9 @@ import argparse
 import json
 
 import pytest
-import torch
 
+from distill.evaluate import match_masks, target_answers
 from distill.prompts import held_out_prompts
-from engine.batch import StepInput
 from engine.model_runner import ModelRunner, RuntimeConfig
 from engine.model_source import DEFAULT_MODEL, DRAFT_FILE
 from specdec.launch import DEFAULT_DRAFT, DEFAULT_K, choose_draft
@@ -47,20 +46,6 @@ def test_the_shipped_draft_runs_on_the_embedded_target_and_agrees_with_it():
     # teacher-forced top-1 agreement on the target's own greedy answers to held-out prompts (0.72 over
     # the 16 held-out answers on the H200 when shipped; here 0.64 over the first 64 tokens of each,
     # `python -m distill.evaluate`; a broken export or a mismatched vocabulary agrees on ~0)
-    agree = total = 0
-    for prompt in held_out_prompts()[:4]:
-        ids = target.tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                                   tokenize=False)
-        ids = target.tokenizer.encode(ids, add_special_tokens=False)
-        kv = target.kv.new_sequence()
-        logits = target.forward([StepInput(kv, ids, num_logits=1)])[0]
-        answer = []
-        for _ in range(24):
-            answer.append(int(logits[-1].argmax()))
-            logits = target.forward([StepInput(kv, answer[-1:], num_logits=1)])[0]
-        kv.release()
-        seq = ids + answer
-        draft_logits = draft.forward([StepInput(draft.kv.new_sequence(), seq[:-1], num_logits=len(answer))])[0]
-        agree += int((draft_logits.argmax(-1) == torch.tensor(answer)).sum())
-        total += len(answer)
+    masks = match_masks(draft, target_answers(target, held_out_prompts()[:4], max_new_tokens=24))
+    agree, total = sum(map(sum, masks)), sum(map(len, masks))
     assert agree / total >= 0.5, f"the shipped draft agrees with the target on {agree}/{total} tokens"
