@@ -12,18 +12,25 @@ much more on a CPU or a busy GPU). overhead is the rest of the step's wall time,
 whole step in the loop: gRPC round trips, (de)serialisation, the gateway's own work - kept apart for
 steps that draft and steps that do not, because a drafting step adds a round trip to the draft
 service that no forward time shows (on the 2-core CPU: ~4 ms per drafting step against ~2 ms per
-target-only step, next to a 14 ms draft forward and a 57 ms verify). All are moving averages; a k not measured yet gets the verify time of a
-straight line through the measured ones (slope >= 0). Each step takes the k in [0, k_max] with the
-most committed tokens per second, E(k) / t(k), so speculation grows where drafts are accepted and
-verifies are cheap, shrinks as acceptance falls or verifies get expensive, and switches off (k = 0)
-where it would lose.
+target-only step, next to a 14 ms draft forward and a 57 ms verify). All are moving averages. Each
+step takes the k in [0, k_max] with the most committed tokens per second, E(k) / t(k), so
+speculation grows where drafts are accepted and verifies are cheap, shrinks as acceptance falls or
+verifies get expensive, and switches off (k = 0) where it would lose.
+
+A k not measured yet is estimated optimistically, and then measured: between two measured k its
+verify time is the straight line between them, past the longest (or below the shortest) measured k
+it is that k's own. The optimism costs one step: a k predicted best is tried, and from then on its
+measured time decides. Measured verify times need not lie on a line (on the 2-core CPU, ~58 ms at
+k = 0, ~60 at k = 1, ~80 at k = 2, ~95 at k = 4), so a line through the short k misjudges the long
+ones, and growing one k at a time stops at the first k that loses, short of a longer one that wins.
 
 Growing is earned, not assumed: a request with no history starts at k = 1 (not k_max) from a
-modest acceptance prior (worth `PRIOR_TRIALS` draft positions), tries k = 0 once for a measurement
-to compare with, and grows one k past the longest it has measured at a time. Acceptance is a count
-of accepted over tried draft positions, the oldest fading past `ACCEPTANCE_MEMORY` (not a per-step
-average with a heavy weight: three unlucky steps must not switch a good draft off, since a request
-that is off learns nothing more until it probes).
+modest acceptance prior (worth `PRIOR_TRIALS` draft positions), measures k = 0 in its second step
+for a baseline to compare with (once per draft: later requests start from its history), and then
+goes to the k its estimates favour. Acceptance is a count of accepted over tried draft positions,
+the oldest fading past `ACCEPTANCE_MEMORY` (not a per-step average with a heavy weight: three
+unlucky steps must not switch a good draft off, since a request that is off learns nothing more
+until it probes).
 
 Steps that follow a step at k = 0 do not count towards the drafting overhead or the draft's time per
 token: they include the draft's catch-up on the tokens it missed (the whole context, the first time),
@@ -193,21 +200,22 @@ class SpeculationPolicy:
     history: SpeculationHistory | None = None  # shared with the draft's other requests
     probes: ProbeSchedule = field(default_factory=ProbeSchedule)  # the history's, to share it
     _estimates: _Estimates = field(init=False)
+    _planned_k: int = field(init=False)  # the next step's k on the estimates, probes aside
     _probing: bool = field(default=False, init=False)
     _was_drafting: bool = field(init=False)  # the previous step drafted (its draft is caught up)
-    _has_stepped: bool = field(default=False, init=False)
 
     def __post_init__(self) -> None:
         self._estimates = _Estimates(self.weight, _Acceptance(ACCEPTANCE_MEMORY))
         self._estimates.acceptance.start_at(self.acceptance_prior, PRIOR_TRIALS)
         if self.history is not None and self.history.is_learned:
             self._estimates.seed(self.history.estimates, self.k_max)
+        self._planned_k = self._plan(is_first_step=True)
         self._was_drafting = self.is_drafting  # the loop opens the draft with the target's prefill then
 
     @property
     def is_drafting(self) -> bool:
         """Whether the next step will draft on the estimates (probes aside); no side effects."""
-        return self.k_max > 0 and (not self._estimates.verify_s or self._choice() > 0)
+        return self._planned_k > 0
 
     @property
     def acceptance(self) -> float:
@@ -215,16 +223,11 @@ class SpeculationPolicy:
 
     def next_k(self) -> int:
         """The k for the next step."""
-        if self.k_max == 0:
-            return 0
-        if not self._estimates.verify_s:  # nothing measured: start small, grow on evidence
-            return 1
-        best = self._choice()
-        if best > 0 and best - 1 not in self._estimates.verify_s:
-            return best - 1  # one measurement below the best: the verify-time line needs two points
-        if best > 0:
+        if self._planned_k > 0:
             self.probes.count_step_on()
-            return best
+            return self._planned_k
+        if self.k_max == 0 or 0 not in self._estimates.verify_s:
+            return 0  # the baseline's measurement is not a step off: no probe in its place
         self._probing = self.probes.count_step_off()
         return 1 if self._probing else 0
 
@@ -236,23 +239,30 @@ class SpeculationPolicy:
         if self.history is not None:
             self.history.estimates.record(k, num_accepted, verify_s, draft_s, step_s, is_steady)
         self._was_drafting = k > 0
-        self._has_stepped = True
         if self._probing:
             self.probes.record_probe(num_accepted)
             self._probing = False
+        self._planned_k = self._plan(is_first_step=False)
 
-    def _choice(self) -> int:
-        """The best k on the estimates; for a request's first step, k = 1 where the estimates say
-        off but its draft would win at START_OPTIMISM times their acceptance: prompts differ, and
-        near break-even finding out costs little."""
+    def _plan(self, is_first_step: bool) -> int:
+        """The best k on the estimates. Before anything is measured, k = 1; once something is, k = 0
+        first where k = 0 was never measured (the baseline that drafting must beat). For a request's
+        first step, k = 1 where the estimates say off but its draft would win at START_OPTIMISM times
+        their acceptance: prompts differ, and near break-even finding out costs little."""
+        verify_s = self._estimates.verify_s
+        if self.k_max == 0:
+            return 0
+        if not verify_s:
+            return 1
         best = self._best_k(self.acceptance)
-        if best == 0 and not self._has_stepped and self._best_k(self.acceptance * START_OPTIMISM) > 0:
+        if best > 0 and 0 not in verify_s:
+            return 0
+        if best == 0 and is_first_step and self._best_k(self.acceptance * START_OPTIMISM) > 0:
             return 1
         return best
 
     def _best_k(self, acceptance: float) -> int:
-        longest = max(self._estimates.verify_s)  # grow one k past the longest measured at a time
-        return max(range(min(self.k_max, longest + 1) + 1), key=lambda k: self._tokens_per_s(k, acceptance))
+        return max(range(self.k_max + 1), key=lambda k: self._tokens_per_s(k, acceptance))
 
     def _tokens_per_s(self, k: int, acceptance: float) -> float:
         a = min(acceptance, 0.999)
@@ -270,14 +280,13 @@ class SpeculationPolicy:
         return other + RPC_PRIOR_S if is_drafting else other
 
     def _verify_estimate(self, k: int) -> float:
-        verify_s = self._estimates.verify_s
-        if k in verify_s:
-            return verify_s[k].value
-        points = [(measured, average.value) for measured, average in verify_s.items()]
-        if len(points) == 1:
-            return points[0][1]
-        mean_k = sum(x for x, _ in points) / len(points)
-        mean_t = sum(t for _, t in points) / len(points)
-        slope = sum((x - mean_k) * (t - mean_t) for x, t in points) / sum((x - mean_k) ** 2 for x, _ in points)
-        slope = max(slope, 0.0)
-        return max(mean_t + slope * (k - mean_k), 1e-9)
+        """k's measured verify time; for a k not measured, the line between the measured k around it,
+        or the nearest measured k's time past the measured range (optimistic: trying k measures it)."""
+        measured = {m: average.value for m, average in self._estimates.verify_s.items()}
+        if k in measured:
+            return measured[k]
+        below = max((m for m in measured if m < k), default=None)
+        above = min((m for m in measured if m > k), default=None)
+        if below is None or above is None:
+            return measured[above if below is None else below]
+        return measured[below] + (measured[above] - measured[below]) * (k - below) / (above - below)

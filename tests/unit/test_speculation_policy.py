@@ -3,6 +3,7 @@ trades acceptance against the measured cost of longer verifies."""
 from __future__ import annotations
 
 import random
+from collections import Counter
 from itertools import pairwise
 
 from gateway.speculation_policy import ProbeSchedule, SpeculationHistory, SpeculationPolicy
@@ -31,7 +32,7 @@ def test_always_wrong_draft_switches_speculation_off_and_probes_ever_less_often(
     ks = _run(SpeculationPolicy(k_max=6, probes=ProbeSchedule(every=8)), 100, accepted_of=lambda k: 0, verify_s_of=lambda k: 5 * MS)
     assert set(ks[10:]) <= {0, 1}
     probes = [i for i, k in enumerate(ks) if k == 1 and i >= 10]
-    gaps = [b - a for a, b in zip(probes, probes[1:])]
+    gaps = [b - a for a, b in pairwise(probes)]
     assert len(probes) >= 2 and gaps == sorted(gaps) and gaps[-1] > gaps[0]  # 8, 16, 32 ... steps apart
 
 
@@ -91,7 +92,9 @@ def test_speculation_comes_back_when_the_draft_starts_agreeing():
 
 
 def test_expensive_verifies_pick_the_k_with_the_most_tokens_per_second():
-    verify = lambda k: (40 + 20 * k) * MS  # noqa: E731 - a CPU: each verified token costs half a decode
+    def verify(k: int) -> float:  # a CPU: each verified token costs half a decode
+        return (40 + 20 * k) * MS
+
     accept = {k: round(0.5 * k) for k in range(7)}  # about half of every proposal survives
     ks = _run(SpeculationPolicy(k_max=6), 60, accepted_of=accept.get, verify_s_of=verify,
               draft_s_per_token=5 * MS)
@@ -114,11 +117,36 @@ def _cpu_verify_s(k: int) -> float:
     return (50 + 5 * k) * MS  # a CPU: a decode step costs ~50 ms, each extra verified token more
 
 
-def test_a_request_without_history_starts_at_k1_and_grows_one_k_at_a_time():
+def test_a_request_without_history_starts_at_k1_measures_k0_once_then_goes_to_the_best_k():
     ks = _run(SpeculationPolicy(k_max=6), 30, accepted_of=lambda k: k, verify_s_of=lambda k: 5 * MS)
-    assert ks[0] == 1
-    assert all(b - a <= 1 for a, b in pairwise(ks))
-    assert ks[-1] == 6
+    assert ks[:2] == [1, 0]  # the baseline to beat
+    assert ks[2] >= 4 and ks[-1] == 6  # then a jump, not one k at a time: verifies cost the same
+
+
+def test_later_requests_do_not_measure_k0_again():
+    history = SpeculationHistory()
+    _run(SpeculationPolicy(k_max=4, history=history), 20, accepted_of=lambda k: k, verify_s_of=lambda k: 5 * MS)
+    assert 0 not in _run(SpeculationPolicy(k_max=4, history=history), 20, accepted_of=lambda k: k,
+                         verify_s_of=lambda k: 5 * MS)
+
+
+def test_a_long_k_that_wins_is_found_where_a_line_through_the_short_ks_says_it_loses():
+    # CPU-like verifies: the third verified token is dear (52 -> 70 ms), the next two cheap; a line
+    # through k = 1 and 2 puts k = 4 at 106 ms, where it would lose
+    verify_ms = {0: 50, 1: 52, 2: 70, 3: 73, 4: 76}
+    for seed in range(5):
+        ks = _run(SpeculationPolicy(k_max=4), 80, _geometric(0.8, seed), lambda k: verify_ms[k] * MS,
+                  draft_s_per_token=4 * MS, overhead_s_of=lambda k: (4 if k else 2) * MS)
+        assert Counter(ks[-40:]).most_common(1)[0][0] == 4  # 35 tokens/s against 30 at k = 1
+
+
+def test_is_drafting_says_whether_the_next_step_drafts():
+    policy = SpeculationPolicy(k_max=4, probes=ProbeSchedule(every=1000))
+    for accepted_of in [lambda k: k] * 10 + [lambda k: 0] * 20:
+        is_drafting = policy.is_drafting
+        k = policy.next_k()
+        assert (k > 0) == is_drafting
+        policy.record(k, accepted_of(k), 5 * MS, k * MS, (6 + k) * MS)
 
 
 def test_a_few_rejections_in_a_row_do_not_switch_a_good_draft_off():
@@ -146,7 +174,8 @@ def _cpu_history(acceptance: float) -> SpeculationHistory:
 
 
 def test_a_request_drafts_its_first_step_where_its_draft_only_just_loses():
-    cpu = dict(verify_s_of=_cpu_verify_s, draft_s_per_token=14 * MS, overhead_s_of=lambda k: (4 if k else 2) * MS)
+    cpu = {"verify_s_of": _cpu_verify_s, "draft_s_per_token": 14 * MS,
+           "overhead_s_of": lambda k: (4 if k else 2) * MS}
     near = SpeculationPolicy(k_max=4, history=_cpu_history(0.33))
     assert near.is_drafting  # its prompt may suit the draft better than the average: find out
     _run(near, 1, accepted_of=lambda k: 0, **cpu)  # it does not
