@@ -3,37 +3,42 @@
 The model: each draft token is accepted with probability a, so a step proposing k tokens commits
 E(k) = 1 + a + ... + a^k tokens on average. Its wall time, as the gateway sees it, is
 
-  t(k) = verify(k) + k * draft_per_token + overhead(k > 0)
+  t(k) = verify(k) + draft(k) + overhead(k > 0)
 
-verify(k) is the target's forward over k + 1 tokens and draft_per_token the draft's forward time per
-proposed token, both as the services report them with every answer (so they reflect the target's
-current batch load: a verify of k + 1 tokens costs about one decode step on a GPU at small batch, and
-much more on a CPU or a busy GPU). overhead is the rest of the step's wall time, measured around the
-whole step in the loop: gRPC round trips, (de)serialisation, the gateway's own work - kept apart for
-steps that draft and steps that do not, because a drafting step adds a round trip to the draft
-service that no forward time shows (on the 2-core CPU: ~4 ms per drafting step against ~2 ms per
-target-only step, next to a 14 ms draft forward and a 57 ms verify). All are moving averages. Each
-step takes the k in [0, k_max] with the most committed tokens per second, E(k) / t(k), so
-speculation grows where drafts are accepted and verifies are cheap, shrinks as acceptance falls or
-verifies get expensive, and switches off (k = 0) where it would lose.
+verify(k) is the target's forward over k + 1 tokens and draft(k) the draft's forwards proposing k
+tokens, both as the services report them with every answer (so they reflect the target's current
+batch load: a verify of k + 1 tokens costs about one decode step on a GPU at small batch, and much
+more on a CPU or a busy GPU), kept per k. overhead is the rest of the step's wall time, measured
+around the whole step in the loop: gRPC round trips, (de)serialisation, the gateway's own work -
+kept apart for steps that draft and steps that do not, because a drafting step adds a round trip to
+the draft service that no forward time shows (on the 2-core CPU: ~4 ms per drafting step against
+~2 ms per target-only step, next to a 14 ms draft forward and a 57 ms verify). All are moving
+averages. Each step takes the k in [0, k_max] with the most committed tokens per second,
+E(k) / t(k), so speculation grows where drafts are accepted and verifies are cheap, shrinks as
+acceptance falls or verifies get expensive, and switches off (k = 0) where it would lose.
 
 A k not measured yet is estimated optimistically, and then measured: between two measured k its
-verify time is the straight line between them, past the longest (or below the shortest) measured k
-it is that k's own. The optimism costs one step: a k predicted best is tried, and from then on its
-measured time decides. Measured verify times need not lie on a line (on the 2-core CPU, ~58 ms at
-k = 0, ~60 at k = 1, ~80 at k = 2, ~95 at k = 4), so a line through the short k misjudges the long
-ones, and growing one k at a time stops at the first k that loses, short of a longer one that wins.
+forward times are the straight line between them, past the longest measured k they are that k's own,
+below the shortest the verify's is that k's own and the draft's in proportion to k. The optimism
+costs a step: a k predicted best is tried, and from then on its measured times decide. Neither time
+is a line through the origin or through the short k: on the 2-core CPU (one run, the benchmark's
+quoting prompts) a verify took 63 ms at k = 0, 76 at k = 1, 82 at k = 2, 115 at k = 4, and the draft
+14 ms at k = 1 but 22 at k = 2 (its first forward also takes the tokens the last verify committed),
+so an estimate from the short k misjudges the long ones, and growing one k at a time stops at the
+first k that loses, short of a longer one that wins. A draft's history forgets a k's times after
+`forget_after` steps without it (bar the drafting k measured last), so a k measured once at a bad
+moment, or before the machine's speed or load changed, is tried again.
 
 Growing is earned, not assumed: a request with no history starts at k = 1 (not k_max) from a
 modest acceptance prior (worth `PRIOR_TRIALS` draft positions), measures k = 0 in its second step
-for a baseline to compare with (once per draft: later requests start from its history), and then
-goes to the k its estimates favour. Acceptance is a count of accepted over tried draft positions,
+for a baseline to compare with (later requests start from its history, and measure it again only
+once it is forgotten), and then goes to the k its estimates favour. Acceptance is a count of accepted over tried draft positions,
 the oldest fading past `ACCEPTANCE_MEMORY` (not a per-step average with a heavy weight: three
 unlucky steps must not switch a good draft off, since a request that is off learns nothing more
 until it probes).
 
-Steps that follow a step at k = 0 do not count towards the drafting overhead or the draft's time per
-token: they include the draft's catch-up on the tokens it missed (the whole context, the first time),
+Steps that follow a step at k = 0 do not count towards the drafting overhead or the draft's forward
+time: they include the draft's catch-up on the tokens it missed (the whole context, the first time),
 a cost of switching on, not of drafting.
 
 While off, a request probes k = 1 on a `ProbeSchedule`, so it notices when the draft starts agreeing
@@ -110,23 +115,28 @@ class _Acceptance:
 
 @dataclass
 class _Estimates:
-    """What steps measured: acceptance, and the three parts of a step's wall time."""
+    """What steps measured: acceptance, and the three parts of a step's wall time, the two forward
+    times by k. With `forget_after`, a k's times are forgotten once that many steps passed without
+    it (bar the drafting k measured last, so a draft's cost is never unknown again): this VM's
+    speed drifts, a GPU's load changes, and a k measured once at a bad moment must get another try."""
 
     weight: float  # of the newest step in the time averages
     acceptance: _Acceptance
+    forget_after: int | None = None  # steps; None: never
     verify_s: dict[int, _Average] = field(default_factory=dict)  # by k
-    draft_s_per_token: _Average = field(init=False)
+    draft_s: dict[int, _Average] = field(default_factory=dict)  # by k > 0, of steps that paid no catch-up
     overhead_s: dict[bool, _Average] = field(init=False)  # by whether the step drafted
+    num_steps: int = field(default=0, init=False)
+    _last_step: dict[int, int] = field(default_factory=dict, init=False)  # by k: when last measured
 
     def __post_init__(self) -> None:
-        self.draft_s_per_token = _Average(self.weight)
         self.overhead_s = {False: _Average(self.weight), True: _Average(self.weight)}
 
     def seed(self, other: _Estimates, k_max: int) -> None:
         """Starts from `other`'s values (keeping this one's weights)."""
         self.acceptance.start_at(other.acceptance.value, SEED_TRIALS)
         self.verify_s = {k: _Average(self.weight, a.value) for k, a in other.verify_s.items() if k <= k_max}
-        self.draft_s_per_token.value = other.draft_s_per_token.value
+        self.draft_s = {k: _Average(self.weight, a.value) for k, a in other.draft_s.items() if k <= k_max}
         for is_drafting, average in other.overhead_s.items():
             self.overhead_s[is_drafting].value = average.value
 
@@ -139,7 +149,19 @@ class _Estimates:
         if k == 0 or is_steady:
             self.overhead_s[k > 0].add(max(step_s - verify_s - draft_s, 0.0))
         if k > 0 and is_steady:
-            self.draft_s_per_token.add(draft_s / k)
+            self.draft_s.setdefault(k, _Average(self.weight)).add(draft_s)
+        self.num_steps += 1
+        self._last_step[k] = self.num_steps
+        if self.forget_after is not None:
+            self._forget_old(self.forget_after)
+
+    def _forget_old(self, forget_after: int) -> None:
+        latest_drafting = max((k for k in self._last_step if k > 0), key=self._last_step.get, default=None)
+        for k, step in list(self._last_step.items()):
+            if k != latest_drafting and self.num_steps - step > forget_after:
+                del self._last_step[k]
+                self.verify_s.pop(k, None)
+                self.draft_s.pop(k, None)
 
 
 @dataclass
@@ -181,11 +203,12 @@ class SpeculationHistory:
 
     weight: float = 0.05  # of the newest step in the time averages
     acceptance_memory: float = 256  # draft positions
+    forget_after: int = 512  # steps without a k before its times are measured afresh
     estimates: _Estimates = field(init=False)
     probes: ProbeSchedule = field(default_factory=ProbeSchedule)
 
     def __post_init__(self) -> None:
-        self.estimates = _Estimates(self.weight, _Acceptance(self.acceptance_memory))
+        self.estimates = _Estimates(self.weight, _Acceptance(self.acceptance_memory), self.forget_after)
 
     @property
     def is_learned(self) -> bool:
@@ -267,10 +290,17 @@ class SpeculationPolicy:
     def _tokens_per_s(self, k: int, acceptance: float) -> float:
         a = min(acceptance, 0.999)
         expected_tokens = (1 - a ** (k + 1)) / (1 - a)
-        step_s = self._verify_estimate(k) + self._overhead_estimate(k > 0)
-        if k > 0:
-            step_s += k * (self._estimates.draft_s_per_token.value or 0.0)
+        step_s = self._forward_estimate(k) + self._overhead_estimate(k > 0)
         return expected_tokens / step_s if step_s > 0 else float(k)
+
+    def _forward_estimate(self, k: int) -> float:
+        """Both forwards of a step at k; drafting no tokens costs nothing (so a k shorter than those
+        measured gets the draft's time in proportion)."""
+        verify_s = _estimate({m: a.value for m, a in self._estimates.verify_s.items()}, k) or 0.0
+        if k == 0:
+            return verify_s
+        draft_s = {0: 0.0} | {m: a.value for m, a in self._estimates.draft_s.items()}
+        return verify_s + _estimate(draft_s, k)
 
     def _overhead_estimate(self, is_drafting: bool) -> float:
         measured = self._estimates.overhead_s
@@ -279,14 +309,15 @@ class SpeculationPolicy:
         other = measured[not is_drafting].value or 0.0
         return other + RPC_PRIOR_S if is_drafting else other
 
-    def _verify_estimate(self, k: int) -> float:
-        """k's measured verify time; for a k not measured, the line between the measured k around it,
-        or the nearest measured k's time past the measured range (optimistic: trying k measures it)."""
-        measured = {m: average.value for m, average in self._estimates.verify_s.items()}
-        if k in measured:
-            return measured[k]
-        below = max((m for m in measured if m < k), default=None)
-        above = min((m for m in measured if m > k), default=None)
-        if below is None or above is None:
-            return measured[above if below is None else below]
-        return measured[below] + (measured[above] - measured[below]) * (k - below) / (above - below)
+
+def _estimate(measured: dict[int, float], k: int) -> float | None:
+    """A forward time at k from the times measured by k: measured, or for a k not measured, the
+    line between the measured k around it, or the nearest measured k's time past the measured range
+    (optimistic: trying k measures it); None where nothing was measured."""
+    if k in measured or not measured:
+        return measured.get(k)
+    below = max((m for m in measured if m < k), default=None)
+    above = min((m for m in measured if m > k), default=None)
+    if below is None or above is None:
+        return measured[above if below is None else below]
+    return measured[below] + (measured[above] - measured[below]) * (k - below) / (above - below)

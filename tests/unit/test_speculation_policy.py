@@ -29,7 +29,8 @@ def test_always_right_draft_speculates_up_to_the_cap():
 
 
 def test_always_wrong_draft_switches_speculation_off_and_probes_ever_less_often():
-    ks = _run(SpeculationPolicy(k_max=6, probes=ProbeSchedule(every=8)), 100, accepted_of=lambda k: 0, verify_s_of=lambda k: 5 * MS)
+    ks = _run(SpeculationPolicy(k_max=6, probes=ProbeSchedule(every=8)), 100, accepted_of=lambda k: 0,
+              verify_s_of=lambda k: 5 * MS)
     assert set(ks[10:]) <= {0, 1}
     probes = [i for i, k in enumerate(ks) if k == 1 and i >= 10]
     gaps = [b - a for a, b in pairwise(probes)]
@@ -138,6 +139,35 @@ def test_a_long_k_that_wins_is_found_where_a_line_through_the_short_ks_says_it_l
         ks = _run(SpeculationPolicy(k_max=4), 80, _geometric(0.8, seed), lambda k: verify_ms[k] * MS,
                   draft_s_per_token=4 * MS, overhead_s_of=lambda k: (4 if k else 2) * MS)
         assert Counter(ks[-40:]).most_common(1)[0][0] == 4  # 35 tokens/s against 30 at k = 1
+
+
+def test_a_long_k_is_chosen_where_the_draft_costs_less_per_token_than_at_k1():
+    def draft_s(k: int) -> float:  # a fixed part (the committed tokens, the call) and 2 ms a token
+        return (12 + 2 * k) * MS if k else 0.0
+
+    for seed in range(5):
+        policy, ks = SpeculationPolicy(k_max=4), []
+        accepted_of = _geometric(0.6, seed)
+        for _ in range(80):
+            k = policy.next_k()
+            verify_s = (50 + 2 * k) * MS
+            policy.record(k, accepted_of(k), verify_s, draft_s(k), verify_s + draft_s(k) + 4 * MS)
+            ks.append(k)
+        # 28 tokens/s at k = 4 against 23 at k = 1; 14 ms a token, as at k = 1, would say 20 at k = 4
+        assert sum(k >= 3 for k in ks[-40:]) > 30
+
+
+def test_a_k_measured_at_a_bad_moment_is_measured_again_once_forgotten():
+    history = SpeculationHistory(forget_after=64)
+    cheap = {"verify_s_of": lambda k: (50 + 2 * k) * MS, "draft_s_per_token": 5 * MS}
+    _run(SpeculationPolicy(k_max=2, history=history), 30, accepted_of=lambda k: k, **cheap)
+    hiccup = SpeculationPolicy(k_max=2, history=history)
+    hiccup.record(2, 2, 900 * MS, 10 * MS, 920 * MS)  # the machine stalled in this one verify
+    first_after = _run(SpeculationPolicy(k_max=2, history=history), 30, accepted_of=lambda k: k, **cheap)
+    for _ in range(4):  # requests at k = 1 until k = 2's time is forgotten
+        last = _run(SpeculationPolicy(k_max=2, history=history), 30, accepted_of=lambda k: k, **cheap)
+    assert 2 not in first_after[-10:]
+    assert last[-10:] == [2] * 10
 
 
 def test_is_drafting_says_whether_the_next_step_drafts():
