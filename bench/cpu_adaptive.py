@@ -17,7 +17,7 @@ the noise); `adaptive_over_target_only` likewise. Each comes with its spread ove
 `_max`) and the ratio of the tokens/s over all rounds (`_pooled`, the earlier definition). The
 headline `adaptive_over_best_fixed` / `adaptive_over_target_only` are the worst case (min) over
 prompt sets and temperatures, of the medians (and `*_pooled` of the pooled ratios).
-Usage: python bench/cpu_adaptive.py [--drafter model|ngram] [--rounds 6] [--max-new-tokens 48]
+Usage: python bench/cpu_adaptive.py [--drafter model|ngram] [--rounds 8] [--max-new-tokens 48]
                                     [--sets quoting open] [--temperatures 0 0.8]
 """
 from __future__ import annotations
@@ -87,7 +87,7 @@ def ratio_metrics(prefix: str, by_round: list[float], pooled_ratio: float) -> di
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--drafter", default=None, help="model or ngram; default: the launcher's default draft")
-    parser.add_argument("--rounds", type=int, default=6)  # ratios are medians over rounds
+    parser.add_argument("--rounds", type=int, default=8)  # ratios are medians over rounds
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--sets", nargs="+", choices=list(PROMPT_SETS), default=list(PROMPT_SETS),
                         help="prompt sets (a partial run's worst cases cover only these)")

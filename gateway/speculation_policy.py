@@ -17,25 +17,24 @@ averages. Each step takes the k in [0, k_max] with the most committed tokens per
 E(k) / t(k), so speculation grows where drafts are accepted and verifies are cheap, shrinks as
 acceptance falls or verifies get expensive, and switches off (k = 0) where it would lose.
 
-A k not measured yet is estimated optimistically, and then measured: between two measured k its
-forward times are the straight line between them, past the longest measured k they are that k's own,
-below the shortest the verify's is that k's own and the draft's in proportion to k. The optimism
-costs a step: a k predicted best is tried, and from then on its measured times decide. Neither time
-is a line through the origin or through the short k: on the 2-core CPU (one run, the benchmark's
-quoting prompts) a verify took 63 ms at k = 0, 76 at k = 1, 82 at k = 2, 115 at k = 4, and the draft
-14 ms at k = 1 but 22 at k = 2 (its first forward also takes the tokens the last verify committed),
-so an estimate from the short k misjudges the long ones, and growing one k at a time stops at the
-first k that loses, short of a longer one that wins. A draft's history forgets a k's times after
-`forget_after` steps without it (bar the drafting k measured last), so a k measured once at a bad
-moment, or before the machine's speed or load changed, is tried again.
+A k not measured yet is estimated optimistically, and then measured: its forward times are those of
+the longest measured k below it (a longer forward costs no less), so it is tried wherever the extra
+tokens it may commit could pay, once, and from then on its measured times decide. A cold request
+thus measures each k that might win. Estimates from the short k (a line through them, or the draft's
+time per token at k = 1) misjudge the long ones: on the 2-core CPU, in one run, a verify took ~62 ms
+at k = 0, ~58 at k = 1 to 3 and ~70 at k = 4, the draft 17 ms at k = 1 but 24 at k = 2 and 28 at
+k = 3 (its first forward also takes the tokens the last verify committed); and growing one k at a
+time stops at the first k that loses, short of a longer one that wins. A draft's history forgets a
+k's times after `forget_after` steps without it (bar the drafting k measured last), so a k measured
+once at a bad moment, or before the machine's speed or load changed, is tried again.
 
-Growing is earned, not assumed: a request with no history starts at k = 1 (not k_max) from a
-modest acceptance prior (worth `PRIOR_TRIALS` draft positions), measures k = 0 in its second step
-for a baseline to compare with (later requests start from its history, and measure it again only
-once it is forgotten), and then goes to the k its estimates favour. Acceptance is a count of accepted over tried draft positions,
-the oldest fading past `ACCEPTANCE_MEMORY` (not a per-step average with a heavy weight: three
-unlucky steps must not switch a good draft off, since a request that is off learns nothing more
-until it probes).
+Growing is earned, not assumed: a request with no history starts at k = 1 (not k_max) from a modest
+acceptance prior (worth `PRIOR_TRIALS` draft positions), measures k = 0 in its second step for a
+baseline to compare with (later requests start from its history, and measure it again only once it
+is forgotten), and then goes to the k its estimates favour. Acceptance is a count of accepted over
+tried draft positions, the oldest fading past `ACCEPTANCE_MEMORY` (not a per-step average with a
+heavy weight: three unlucky steps must not switch a good draft off, since a request that is off
+learns nothing more until it probes).
 
 Steps that follow a step at k = 0 do not count towards the drafting overhead or the draft's forward
 time: they include the draft's catch-up on the tokens it missed (the whole context, the first time),
@@ -203,7 +202,7 @@ class SpeculationHistory:
 
     weight: float = 0.05  # of the newest step in the time averages
     acceptance_memory: float = 256  # draft positions
-    forget_after: int = 512  # steps without a k before its times are measured afresh
+    forget_after: int = 256  # steps without a k before its times are measured afresh
     estimates: _Estimates = field(init=False)
     probes: ProbeSchedule = field(default_factory=ProbeSchedule)
 
@@ -294,8 +293,7 @@ class SpeculationPolicy:
         return expected_tokens / step_s if step_s > 0 else float(k)
 
     def _forward_estimate(self, k: int) -> float:
-        """Both forwards of a step at k; drafting no tokens costs nothing (so a k shorter than those
-        measured gets the draft's time in proportion)."""
+        """Both forwards of a step at k (drafting no tokens costs nothing)."""
         verify_s = _estimate({m: a.value for m, a in self._estimates.verify_s.items()}, k) or 0.0
         if k == 0:
             return verify_s
@@ -311,13 +309,10 @@ class SpeculationPolicy:
 
 
 def _estimate(measured: dict[int, float], k: int) -> float | None:
-    """A forward time at k from the times measured by k: measured, or for a k not measured, the
-    line between the measured k around it, or the nearest measured k's time past the measured range
-    (optimistic: trying k measures it); None where nothing was measured."""
+    """A forward time at k from the times measured by k: k's own, or for a k not measured, the time
+    of the longest measured k below it (a longer forward costs no less: optimistic, and trying k
+    measures it), else of the shortest above it; None where nothing was measured."""
     if k in measured or not measured:
         return measured.get(k)
-    below = max((m for m in measured if m < k), default=None)
-    above = min((m for m in measured if m > k), default=None)
-    if below is None or above is None:
-        return measured[above if below is None else below]
-    return measured[below] + (measured[above] - measured[below]) * (k - below) / (above - below)
+    below = [m for m in measured if m < k]
+    return measured[max(below)] if below else measured[min(measured)]

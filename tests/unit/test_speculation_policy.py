@@ -193,11 +193,11 @@ def test_a_few_rejections_in_a_row_do_not_switch_a_good_draft_off():
 
 def _cpu_history(acceptance: float) -> SpeculationHistory:
     """A draft's history on CPU costs (break-even at ~0.40 acceptance): 60 steps at k = 1, accepted
-    with `acceptance`, and 20 at k = 0."""
+    with `acceptance`, two at each longer k (a first request measures every k), and 20 at k = 0."""
     history = SpeculationHistory()
     policy = SpeculationPolicy(k_max=4, history=history)
     accepted_of = _geometric(acceptance, seed=1)
-    for k in [1] * 60 + [0] * 20:
+    for k in [1] * 60 + [2, 3, 4] * 2 + [0] * 20:
         verify_s, draft_s = _cpu_verify_s(k), 14 * MS * k
         policy.record(k, accepted_of(k), verify_s, draft_s, verify_s + draft_s + (4 if k else 2) * MS)
     return history
