@@ -9,7 +9,7 @@ Random-weight Llama-3.1-8B-shape target and Llama-3.2-1B-shape draft, bf16, driv
   * hf_static: HF transformers generate() with its static cache (auto-compiled), same shapes.
 Writes bench/results/gpu_e2e.json. `--tiny` runs the same flow with tiny models on the CPU (a check
 of the script, no meaningful numbers).
-Usage: python bench/gpu_e2e.py [--tiny] [--skip-hf] [--out PATH]
+Usage: python bench/gpu_e2e.py [--tiny] [--skip-hf] [--layer-kernels reference|fused] [--out PATH]
 """
 from __future__ import annotations
 
@@ -115,6 +115,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tiny", action="store_true", help="tiny models on the CPU: checks the script only")
     parser.add_argument("--skip-hf", action="store_true")
+    parser.add_argument("--layer-kernels", choices=["reference", "fused"], default="reference",
+                        help="both model services' layer kernels (--layer-kernels of the services)")
     parser.add_argument("--prompt-tokens", type=int, default=128)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--num-prompts", type=int, default=8)
@@ -134,6 +136,7 @@ def main() -> None:
         prompts = prompts_text(tokenizer, args.num_prompts, args.prompt_tokens)
         prompt_ids = [tokenizer.encode(p) for p in prompts]
         common = ["--device", device, "--dtype", dtype, "--max-model-len", "1024", "--log-level", "WARNING",
+                  "--layer-kernels", args.layer_kernels,
                   "--kv-cache-tokens", str(16 * (args.prompt_tokens * 2 + args.max_new_tokens + 64))]
         trio = Trio(work)
         try:

@@ -2,7 +2,7 @@
 
 Ours (paged KV, Triton attention, CUDA graphs per bucket) vs HF transformers (static cache +
 torch.compile) in the same run, against the weight-streaming floor. Writes bench/results/gpu_target.json.
-Usage: python bench/gpu_target.py [--skip-hf] [--out PATH]
+Usage: python bench/gpu_target.py [--layer-kernels reference|fused] [--skip-hf] [--profile] [--out PATH]
 """
 from __future__ import annotations
 
@@ -80,6 +80,25 @@ def graph_replay_ms(runner: ModelRunner) -> float:
     return ms
 
 
+def profile_replays(runner: ModelRunner) -> None:
+    """Prints the kernels of bs1 decode (q=1) and verify (q=5) graph replays by total device time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    kv = runner.kv.new_sequence()
+    runner.forward([StepInput(kv, [1] * PROMPT, 1)])
+    for q in (1, 5):
+        runner.forward([StepInput(kv, [2] * q, q)])  # fills the bucket's buffers
+        kv.truncate(PROMPT)
+        graph = runner.graphs._graphs[(1, q)].graph
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(10):
+                graph.replay()
+            torch.cuda.synchronize()
+        print(f"--- bs1 q={q}: 10 replays", flush=True)
+        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=14, max_name_column_width=70), flush=True)
+    kv.release()
+
+
 def kernel_decode_bw(bandwidth: float, batch_size: int = 32, context: int = 4096) -> dict[str, float]:
     heads, kv_heads, head_dim, block = 32, 8, 128, 16
     blocks_per_seq = context // block
@@ -117,6 +136,9 @@ def hf_static_ms(model) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--skip-hf", action="store_true")
+    parser.add_argument("--layer-kernels", choices=["reference", "fused"], default="reference",
+                        help="the target's layer kernels (engine/model_runner.RuntimeConfig.layer_kernels)")
+    parser.add_argument("--profile", action="store_true", help="print the kernels of a bs1 decode and verify replay")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "gpu_target.json")
     args = parser.parse_args()
     torch.manual_seed(0)
@@ -127,7 +149,7 @@ def main() -> None:
     started = time.perf_counter()
     runner = ModelRunner(
         RuntimeConfig(model="random-llama-3.1-8b-shape", device="cuda", dtype="bfloat16", max_model_len=8192,
-                      kv_cache_tokens=40 * (PROMPT + DECODE + 16)),
+                      kv_cache_tokens=40 * (PROMPT + DECODE + 16), layer_kernels=args.layer_kernels),
         loaded=LoadedModel("random-llama-3.1-8b-shape", hf, build_tokenizer()),
     )
     metrics: dict[str, float] = {"warmup_s": time.perf_counter() - started,
@@ -146,6 +168,8 @@ def main() -> None:
     metrics["eager_decode_ms_bs1"] = engine_steps(runner, 1, 1, 20)
     runner.graphs = graphs
     metrics.update(kernel_decode_bw(bandwidth))
+    if args.profile:
+        profile_replays(runner)
     metrics["decode_over_floor_bs1"] = metrics["decode_ms_bs1"] / metrics["floor_ms_bs1"]
     if not args.skip_hf:
         del runner

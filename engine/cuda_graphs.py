@@ -31,7 +31,7 @@ class GraphConfig:
 @dataclass
 class _Graph:
     graph: torch.cuda.CUDAGraph
-    batch: ForwardBatch  # static input buffers
+    inputs: StaticInputs
     logits: torch.Tensor  # [b * q, vocab] static output
 
 
@@ -64,58 +64,80 @@ class CudaGraphRunner:
         b = _bucket(self._config.batch_buckets, len(steps))
         q = _bucket(self._config.query_buckets, max(len(s.token_ids) for s in steps))
         graph = self._graphs[(b, q)]
-        fill_static_batch(graph.batch, steps, q, self._kv)
+        graph.inputs.fill(steps)
         graph.graph.replay()
         self.num_replays += 1
         return [graph.logits[i * q + len(s.token_ids) - s.num_logits: i * q + len(s.token_ids)]
                 for i, s in enumerate(steps)]
 
     def _capture(self, b: int, q: int) -> _Graph:
-        batch = static_batch(b, q, self._max_blocks, self._kv.block_size, self._device)
-        graph, logits = capture(lambda: self._model(batch, self._kv, self._attention), self._pool)
+        inputs = StaticInputs(b, q, self._max_blocks, self._kv.block_size, self._device)
+        graph, logits = capture(lambda: self._model(inputs.batch, self._kv, self._attention), self._pool)
         self.num_captures += 1
-        return _Graph(graph, batch, logits)
+        return _Graph(graph, inputs, logits)
 
 
-def static_batch(b: int, q: int, max_blocks: int, block_size: int, device: torch.device) -> ForwardBatch:
-    """Input buffers for b sequences of q tokens each, initialised as all padding."""
-    return ForwardBatch(
-        input_ids=torch.zeros(b * q, dtype=torch.long, device=device),
-        positions=torch.zeros(b * q, dtype=torch.long, device=device),
-        slot_mapping=torch.full((b * q,), SCRATCH_BLOCK * block_size, dtype=torch.long, device=device),
-        cu_seqlens_q=list(range(0, b * q + 1, q)),
-        cu_seqlens_q_t=torch.arange(0, b * q + 1, q, dtype=torch.int32, device=device),
-        context_lens=torch.full((b,), q, dtype=torch.int32, device=device),
-        block_tables=torch.full((b, max_blocks), SCRATCH_BLOCK, dtype=torch.int32, device=device),
-        max_num_q=q,
-        logits_indices=torch.arange(b * q, device=device),
-    )
+class StaticInputs:
+    """The input buffers of a captured step: b sequences of q tokens, initialised as all padding.
 
-
-def fill_static_batch(batch: ForwardBatch, steps: list[StepInput], q: int, kv: KVPool) -> None:
-    """Writes the steps (KV slots reserved) into a static batch, padding to q tokens and b sequences.
-
-    Pad tokens write their K/V into the scratch block and only pad queries attend to them.
+    The device tensors of `batch` are views of two flat buffers (int64: token ids, positions, slots;
+    int32: context lengths, block tables), filled from host mirrors (pinned on CUDA) in two copies:
+    a step's host work is a few numpy writes, not a dozen tensor ops and copies.
     """
-    b, max_blocks = batch.block_tables.shape
-    bs = kv.block_size
-    scratch = SCRATCH_BLOCK * bs
-    input_ids, positions, slots = [0] * (b * q), [0] * (b * q), [scratch] * (b * q)
-    context_lens = [q] * b  # pad sequences: q pad queries over the scratch block
-    block_tables = torch.full((b, max_blocks), SCRATCH_BLOCK, dtype=torch.int32)
-    for i, step in enumerate(steps):
-        n, start = len(step.token_ids), step.kv.num_tokens
-        input_ids[i * q: i * q + n] = step.token_ids
-        positions[i * q: i * q + n] = range(start, start + n)
-        slots[i * q: i * q + n] = step.kv.slots(start, n)
-        context_lens[i] = start + q  # the real queries keep their positions (see module doc)
-        block_tables[i, : len(step.kv.block_table)] = torch.tensor(step.kv.block_table, dtype=torch.int32)
-    host = torch.tensor([input_ids, positions, slots], dtype=torch.long)
-    batch.input_ids.copy_(host[0], non_blocking=True)
-    batch.positions.copy_(host[1], non_blocking=True)
-    batch.slot_mapping.copy_(host[2], non_blocking=True)
-    batch.context_lens.copy_(torch.tensor(context_lens, dtype=torch.int32), non_blocking=True)
-    batch.block_tables.copy_(block_tables, non_blocking=True)
+
+    def __init__(self, b: int, q: int, max_blocks: int, block_size: int, device: torch.device) -> None:
+        self.b, self.q = b, q
+        self._scratch = SCRATCH_BLOCK * block_size
+        pin = device.type == "cuda"
+        self._host_long = torch.zeros((3, b * q), dtype=torch.long, pin_memory=pin)
+        self._host_int = torch.zeros(b + b * max_blocks, dtype=torch.int32, pin_memory=pin)
+        self._long = self._host_long.numpy()
+        self._context_lens = self._host_int[:b].numpy()
+        self._block_tables = self._host_int[b:].view(b, max_blocks).numpy()
+        self._fill_padding()
+        device_long, device_int = self._host_long.to(device), self._host_int.to(device)
+        self._device = (device_long, device_int)
+        self._copied: torch.cuda.Event | None = None
+        self.batch = ForwardBatch(
+            input_ids=device_long[0],
+            positions=device_long[1],
+            slot_mapping=device_long[2],
+            cu_seqlens_q=list(range(0, b * q + 1, q)),
+            cu_seqlens_q_t=torch.arange(0, b * q + 1, q, dtype=torch.int32, device=device),
+            context_lens=device_int[:b],
+            block_tables=device_int[b:].view(b, max_blocks),
+            max_num_q=q,
+            logits_indices=torch.arange(b * q, device=device),
+        )
+
+    def fill(self, steps: list[StepInput]) -> None:
+        """Writes the steps (KV slots reserved), padding to q tokens and b sequences.
+
+        Pad tokens write their K/V into the scratch block and only pad queries attend to them.
+        """
+        if self._copied is not None:
+            self._copied.synchronize()  # the previous step's copy has read the host mirrors
+        self._fill_padding()
+        q, tokens = self.q, self._long
+        for i, step in enumerate(steps):
+            n, start = len(step.token_ids), step.kv.num_tokens
+            tokens[0, i * q: i * q + n] = step.token_ids
+            tokens[1, i * q: i * q + n] = range(start, start + n)
+            tokens[2, i * q: i * q + n] = step.kv.slots(start, n)
+            self._context_lens[i] = start + q  # the real queries keep their positions (see module doc)
+            self._block_tables[i, : len(step.kv.block_table)] = step.kv.block_table
+        device_long, device_int = self._device
+        device_long.copy_(self._host_long, non_blocking=True)
+        device_int.copy_(self._host_int, non_blocking=True)
+        if device_long.is_cuda:
+            self._copied = torch.cuda.Event()
+            self._copied.record()
+
+    def _fill_padding(self) -> None:
+        self._long[:2] = 0
+        self._long[2] = self._scratch
+        self._context_lens[:] = self.q  # pad sequences: q pad queries over the scratch block
+        self._block_tables[:] = SCRATCH_BLOCK
 
 
 def capture(fn: Callable[[], T], pool: tuple) -> tuple[torch.cuda.CUDAGraph, T]:

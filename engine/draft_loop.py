@@ -17,7 +17,7 @@ import torch
 from tqdm import tqdm
 
 from engine.batch import ForwardBatch, StepInput
-from engine.cuda_graphs import capture, fill_static_batch, static_batch
+from engine.cuda_graphs import StaticInputs, capture
 from engine.kv_cache import SCRATCH_BLOCK
 from engine.model_runner import POSITION_HEADROOM, ModelRunner
 from engine.sampling import Distribution, SamplingParams, as_int64, sample_draft
@@ -63,7 +63,8 @@ class _RowParams:
 
 @dataclass
 class _DeviceLoop:
-    first: ForwardBatch  # static inputs of the first forward (the pending tokens)
+    inputs: StaticInputs  # of the first forward (the pending tokens)
+    first: ForwardBatch  # inputs.batch, its logits at each sequence's last pending token
     base_positions: torch.Tensor  # [b] position of each sequence's last pending token
     params: _RowParams | None  # None: a greedy-only loop
     run: Callable[[], tuple[torch.Tensor, ...]]  # the k forwards; [b, k] tokens (+ [b, k, c] ids and q)
@@ -154,7 +155,7 @@ class DraftLoop:
         if shape not in self._loops:  # only without graphs: captured loops all exist from the start
             self._loops[shape] = self._build(*shape)
         graph = self._loops[shape]
-        fill_static_batch(graph.first, steps, q, self._runner.kv)
+        graph.inputs.fill(steps)
         rows = [i * q + len(s.token_ids) - 1 for i, s in enumerate(steps)] + [i * q + q - 1 for i in range(len(steps), b)]
         base = [s.kv.num_tokens + len(s.token_ids) - 1 for s in steps] + [q - 1] * (b - len(steps))
         graph.first.logits_indices.copy_(torch.tensor(rows), non_blocking=True)
@@ -189,8 +190,8 @@ class DraftLoop:
     def _build(self, b: int, k: int, q: int, sampled: bool) -> _DeviceLoop:
         runner, device = self._runner, self._runner.device
         model, kv, attention, bs = runner.model, runner.kv, runner.attention, runner.kv.block_size
-        first = static_batch(b, q, self._max_blocks, bs, device)
-        first = dataclasses.replace(first, logits_indices=torch.arange(q - 1, b * q, q, device=device))
+        inputs = StaticInputs(b, q, self._max_blocks, bs, device)
+        first = dataclasses.replace(inputs.batch, logits_indices=torch.arange(q - 1, b * q, q, device=device))
         base = torch.full((b,), q - 1, dtype=torch.long, device=device)
         step = ForwardBatch(
             input_ids=torch.zeros(b, dtype=torch.long, device=device),
@@ -225,7 +226,7 @@ class DraftLoop:
                 picked.append(pick(model(step, kv, attention), j))
             return tuple(torch.stack(parts, dim=1) for parts in zip(*picked))  # tokens [b, k] (ids, q [b, k, c])
 
-        return _DeviceLoop(first, base, params, loop)
+        return _DeviceLoop(inputs, first, base, params, loop)
 
 
 def _bucket(buckets: tuple[int, ...], n: int) -> int:

@@ -74,13 +74,21 @@ def post_attention(
     eps: float,
 ) -> torch.Tensor:  # [T, hidden]
     hidden = hidden + o_proj(attn.flatten(1))
-    gate, up = gate_up(rms_norm(hidden, norm_weight, eps)).chunk(2, dim=-1)
-    return hidden + down_proj(F.silu(gate) * up)
+    return hidden + down_proj(silu_mul_interleaved(gate_up(rms_norm(hidden, norm_weight, eps))))
+
+
+def silu_mul_interleaved(gate_up: torch.Tensor) -> torch.Tensor:  # [T, 2I] -> [T, I]
+    """silu(gate) * up of a gate/up projection whose columns interleave (gate_0, up_0, gate_1, ...):
+    the pairs sit side by side, so a kernel that computes a few columns can finish the activation."""
+    pairs = gate_up.unflatten(-1, (-1, 2))
+    return F.silu(pairs[..., 0]) * pairs[..., 1]
 
 
 @dataclass
 class LayerStages:
-    """The element-wise-heavy parts of a layer around attention; torch.compile fuses them on GPU."""
+    """How a layer computes around attention: its element-wise-heavy parts (norms, rotary, residuals,
+    activation) and linears, in plain PyTorch (CPU); torch.compile fuses them on GPU, and
+    engine.fused_stages.FusedStages replaces them with Triton kernels for decode and verify steps."""
 
     pre_attention: Callable = pre_attention
     post_attention: Callable = post_attention
@@ -90,6 +98,22 @@ class LayerStages:
         return LayerStages(torch.compile(pre_attention, dynamic=True, fullgraph=True),
                            torch.compile(post_attention, dynamic=True, fullgraph=True))
 
+    def attention_inputs(self, layer: DecoderLayer, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                         k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> torch.Tensor:
+        """The layer's queries [T, H, D]; its keys and values go to the cache."""
+        q, k, v = self.pre_attention(hidden, layer.input_norm, layer.qkv, cos, sin, layer.shape, layer.eps)
+        write_kv(k, v, k_cache, v_cache, slot_mapping)
+        return q
+
+    def attention_output(self, layer: DecoderLayer, hidden: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        """The layer's output [T, hidden] from its input and the attention [T, H, D]."""
+        return self.post_attention(hidden, attn, layer.o_proj, layer.post_attention_norm, layer.gate_up,
+                                   layer.down_proj, layer.eps)
+
+    def logits(self, model: CausalLM, hidden: torch.Tensor) -> torch.Tensor:
+        """float32 logits of the final hidden states' rows."""
+        return model.lm_head(rms_norm(hidden, model.norm, model.eps)).float()
+
 
 class DecoderLayer(nn.Module):
     def __init__(self, hf_layer: nn.Module, shape: ModelShape, eps: float) -> None:
@@ -98,7 +122,7 @@ class DecoderLayer(nn.Module):
         self.shape, self.eps = shape, eps
         self.qkv = _fused_linear([attn.q_proj, attn.k_proj, attn.v_proj])
         self.o_proj = attn.o_proj
-        self.gate_up = _fused_linear([mlp.gate_proj, mlp.up_proj])
+        self.gate_up = _fused_linear([mlp.gate_proj, mlp.up_proj], interleave=True)
         self.down_proj = mlp.down_proj
         self.input_norm = hf_layer.input_layernorm.weight
         self.post_attention_norm = hf_layer.post_attention_layernorm.weight
@@ -114,11 +138,9 @@ class DecoderLayer(nn.Module):
         attention: AttentionFn,
         stages: LayerStages,
     ) -> torch.Tensor:
-        q, k, v = stages.pre_attention(hidden, self.input_norm, self.qkv, cos, sin, self.shape, self.eps)
-        write_kv(k, v, k_cache, v_cache, batch.slot_mapping)
+        q = stages.attention_inputs(self, hidden, cos, sin, k_cache, v_cache, batch.slot_mapping)
         attn = attention(q, k_cache, v_cache, batch, self.shape.head_dim**-0.5)
-        return stages.post_attention(hidden, attn, self.o_proj, self.post_attention_norm, self.gate_up,
-                                     self.down_proj, self.eps)
+        return stages.attention_output(self, hidden, attn)
 
 
 class CausalLM(nn.Module):
@@ -149,6 +171,12 @@ class CausalLM(nn.Module):
         """Fuses each layer's norms, rotary, residuals and activation with torch.compile (GPU)."""
         self.stages = self.stages.compiled()
 
+    def use_fused_kernels(self) -> None:
+        """Decode and verify steps (up to 16 rows) run engine.fused_stages' Triton kernels (GPU)."""
+        from engine.fused_stages import FusedStages  # needs triton, only here
+
+        self.stages = FusedStages(self.stages)
+
     @torch.inference_mode()
     def forward(
         self, batch: ForwardBatch, kv: KVPool, attention: AttentionFn = paged_attention_reference
@@ -157,8 +185,7 @@ class CausalLM(nn.Module):
         cos, sin = self.cos[batch.positions], self.sin[batch.positions]
         for layer, k_cache, v_cache in zip(self.layers, kv.k, kv.v):
             hidden = layer(hidden, cos, sin, k_cache, v_cache, batch, attention, self.stages)
-        hidden = rms_norm(hidden[batch.logits_indices], self.norm, self.eps)
-        return self.lm_head(hidden).float()
+        return self.stages.logits(self, hidden[batch.logits_indices])
 
 
 def check_supported(config: object) -> None:
@@ -171,13 +198,15 @@ def check_supported(config: object) -> None:
         raise UnsupportedModelError(f"activation {config.hidden_act!r} is not supported (only silu)")
 
 
-def _fused_linear(linears: list[nn.Linear]) -> nn.Linear:
-    weight = torch.cat([l.weight.data for l in linears], dim=0)
+def _fused_linear(linears: list[nn.Linear], interleave: bool = False) -> nn.Linear:
+    """One linear computing all of `linears`' outputs: concatenated, or interleaved row by row."""
+    join = (lambda ts: torch.stack(ts, dim=1).flatten(0, 1)) if interleave else (lambda ts: torch.cat(ts, dim=0))
+    weight = join([l.weight.data for l in linears])
     has_bias = linears[0].bias is not None
     fused = nn.Linear(weight.shape[1], weight.shape[0], bias=has_bias, device=weight.device, dtype=weight.dtype)
     fused.weight.data = weight
     if has_bias:
-        fused.bias.data = torch.cat([l.bias.data for l in linears], dim=0)
+        fused.bias.data = join([l.bias.data for l in linears])
     return fused
 
 

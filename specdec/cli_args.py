@@ -41,6 +41,8 @@ def add_runtime_args(parser: argparse.ArgumentParser, prefix: str, default_model
                         help="CUDA: give the KV pool this fraction of the free memory (overrides --kv-cache-tokens)")
     parser.add_argument("--attention-backend", choices=["auto", "triton", "reference"],
                         default=env("attention_backend", "auto"), help="auto: triton on CUDA, reference on CPU")
+    parser.add_argument("--layer-kernels", choices=["reference", "fused"], default=env("layer_kernels", "reference"),
+                        help="fused: CUDA-graph steps run engine/fused_stages.py's Triton kernels (see docs)")
     parser.add_argument("--max-batch-size", type=int, default=env("max_batch_size", 64))
     parser.add_argument("--num-threads", type=int, default=env("num_threads", None), help="torch CPU threads")
 
@@ -57,6 +59,7 @@ def runtime_config(args: argparse.Namespace) -> RuntimeConfig:
         kv_cache_tokens=int(args.kv_cache_tokens),
         kv_cache_memory_fraction=float(args.kv_cache_memory_fraction) if args.kv_cache_memory_fraction else None,
         attention_backend=args.attention_backend,
+        layer_kernels=args.layer_kernels,
     )
 
 

@@ -49,3 +49,19 @@ def test_varlen_batch_equals_sequences_run_alone(model_dir):
                                for p in prompts])
     for a, b in zip(alone, together):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+def test_fused_layer_kernels_compute_the_reference_logits(model_dir):
+    """engine/fused_stages (Triton, interpreted on CPU) on a decode and a verify step; prefill (more
+    rows than a kernel tile) takes the reference stages in both runners."""
+    ids = list(range(10, 40))
+    results = []
+    for kernels in ("reference", "fused"):
+        runner = ModelRunner(RuntimeConfig(model=str(model_dir), kv_cache_tokens=256, kv_block_size=4,
+                                           layer_kernels=kernels, attention_backend="reference"))
+        kv = runner.kv.new_sequence()
+        runner.forward([StepInput(kv, ids[:24], num_logits=1)])
+        [decode] = runner.forward([StepInput(kv, ids[24:25], num_logits=1)])
+        [verify] = runner.forward([StepInput(kv, ids[25:], num_logits=len(ids) - 25)])
+        results.append(torch.cat([decode, verify]))
+    torch.testing.assert_close(results[1], results[0], atol=1e-4, rtol=1e-4)

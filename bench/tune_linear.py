@@ -1,0 +1,116 @@
+"""Times the Triton skinny linear over launch configurations against cuBLAS (F.linear), on the linears
+of a Llama-3.1-8B and a Llama-3.2-1B shape at decode and verify row counts (bf16). GPU only.
+
+Each timing replays a CUDA graph that runs the product over enough distinct weight copies (>= 512 MB)
+that none is still in L2, the way a model's step streams its layers; the time per product includes
+the ramp between kernels in a graph. Each configuration runs plain and as the model runs that
+product (the norm kernel before it, the activation or residual fused after it). Writes
+bench/results/tune_linear.json: per shape and row count, cuBLAS and the best configurations' ms and
+fraction of the measured copy bandwidth, best first; `*` marks the default configuration.
+Usage: python bench/tune_linear.py [--rows 1 5] [--shapes 8b_qkv ...] [--out PATH]
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
+
+from engine.triton_linear import LaunchConfig, launch_config, skinny_linear  # noqa: E402
+from engine.triton_norm import rms_norm_triton  # noqa: E402
+from report import save_report  # noqa: E402
+from timing import cuda_ms  # noqa: E402
+
+SHAPES = {  # name: (N, K)
+    "8b_qkv": (6144, 4096), "8b_o": (4096, 4096), "8b_gate_up": (28672, 4096), "8b_down": (4096, 14336),
+    "8b_lm_head": (128256, 4096),
+    "1b_qkv": (3072, 2048), "1b_o": (2048, 2048), "1b_gate_up": (16384, 2048), "1b_down": (2048, 8192),
+    "1b_lm_head": (128256, 2048),
+}
+CONFIGS = [LaunchConfig(bn, bk, w, s) for bn, bk, w, s in itertools.product((32, 64), (128, 256, 512), (4,), (3, 4))]
+FUSIONS = {  # what the model fuses into each product (engine/fused_stages.py)
+    "qkv": "rms_norm", "o": "residual", "gate_up": "rms_norm+silu_mul", "down": "residual", "lm_head": "rms_norm"}
+# rms_norm: engine/triton_norm.py's kernel runs before the product (it is part of the time)
+
+
+def copy_bandwidth() -> float:
+    src = torch.empty(4 << 30, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    ms = cuda_ms(lambda: dst.copy_(src), 10)
+    return 2 * src.numel() / (ms / 1e3)
+
+
+def graph_ms_per_call(fn, copies: int) -> float:
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for i in range(copies):
+            fn(i)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(copies):
+            fn(i)
+    return cuda_ms(graph.replay, 10) / copies
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "tune_linear.json")
+    parser.add_argument("--rows", type=int, nargs="+", default=[1, 5])
+    parser.add_argument("--shapes", nargs="+", default=list(SHAPES))
+    args = parser.parse_args()
+    bandwidth = copy_bandwidth()
+    report: dict[str, object] = {"copy_bandwidth_tb_s": bandwidth / 1e12}
+    for name in args.shapes:
+        n, k = SHAPES[name]
+        nbytes = n * k * 2
+        copies = max(2, -(-(512 << 20) // nbytes))
+        weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
+        fusion = FUSIONS[name.split("_", 1)[1]]
+        for rows in args.rows:
+            x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
+            g = torch.ones(k, device="cuda", dtype=torch.bfloat16)
+            epilogue = dict(silu_mul="silu" in fusion,
+                            residual=torch.randn(rows, n, device="cuda", dtype=torch.bfloat16)
+                            if fusion == "residual" else None)
+            def as_model(i: int, c: LaunchConfig) -> torch.Tensor:
+                if "rms" in fusion:  # the norm kernel before the product, as the model runs it
+                    return skinny_linear(rms_norm_triton(x, g, 1e-5), weights[i], config=c, **epilogue)
+                return skinny_linear(x, weights[i], config=c, **epilogue)
+
+            variants = {"plain": lambda i, c: skinny_linear(x, weights[i], config=c), fusion: as_model}
+            results = {"cublas": graph_ms_per_call(lambda i: F.linear(x, weights[i]), copies)}
+            default = launch_config(n, k)
+            for config, variant in itertools.product(CONFIGS, variants):
+                try:
+                    ms = graph_ms_per_call(lambda i: variants[variant](i, config), copies)
+                except Exception as error:  # noqa: BLE001 - a configuration that does not compile or fit
+                    print(f"{name} rows={rows} {config}: {type(error).__name__}", file=sys.stderr)
+                    continue
+                label = f"{variant}_bn{config.block_n}_bk{config.block_k}_w{config.num_warps}_s{config.num_stages}"
+                results[label + ("*" if config == default else "")] = ms
+            ranked = sorted(results.items(), key=lambda item: item[1])
+            shown = ranked[:3] + [item for item in ranked[3:] if item[0].endswith("*")]
+            shown = shown if "cublas" in dict(shown) else shown + [("cublas", results["cublas"])]
+            entry = {label: {"ms": round(ms * 1e3, 2) / 1e3, "bw": round(nbytes / (ms / 1e3) / bandwidth, 3)}
+                     for label, ms in shown}
+            best_fused = next(label for label, _ in ranked if label.startswith(fusion))
+            entry["best_fused"] = {"label": best_fused, "ms": results[best_fused],
+                                   "bw": round(nbytes / (results[best_fused] / 1e3) / bandwidth, 3)}
+            entry["cublas"] = {"ms": results["cublas"], "bw": round(nbytes / (results["cublas"] / 1e3) / bandwidth, 3)}
+            report[f"{name}_rows{rows}"] = entry
+            print(f"{name} rows={rows}: " + ", ".join(f"{label} {v['bw']}" for label, v in entry.items()), flush=True)
+        del weights
+        torch.cuda.empty_cache()
+    save_report("tune_linear", report, args.out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,67 @@
+"""A layer's stages as a handful of Triton kernels, for the decode and verify steps of CUDA graphs.
+
+Per layer, seven kernels around attention instead of a dozen:
+
+  x        = rms_norm(hidden)                           (engine/triton_norm.py)
+  qkv      = skinny_linear(x)                           (engine/triton_linear.py)
+  q        = rope_and_write_kv(qkv)                     (engine/triton_rope.py: rotary + cache write)
+  attn     = attention(q, cache)
+  hidden  += skinny_linear(attn)                        (o_proj, residual fused)
+  x        = rms_norm(hidden)
+  hidden  += skinny_linear(silu_mul(skinny_linear(x)))  (gate/up with the activation fused, then
+                                                         down_proj with the residual fused)
+
+and the LM head as two more (final norm, product). Every kernel computes a row as if it were
+alone, so every decode and verify step computes a token's logits alike whatever the batch.
+
+Which steps: on CUDA, those captured into graphs (decode, verify, the draft's proposal loop),
+where a kernel costs no host launch; eager forwards (prefill chunks: many rows, compute-bound)
+take the fallback stages (compiled PyTorch, cuBLAS). On CPU (the interpreter, for tests) steps of
+up to `CPU_MAX_ROWS` rows.
+"""
+from __future__ import annotations
+
+import torch
+
+from engine.llama import CausalLM, DecoderLayer, LayerStages
+from engine.triton_linear import skinny_linear
+from engine.triton_norm import rms_norm_triton
+from engine.triton_rope import rope_and_write_kv
+
+CPU_MAX_ROWS = 16
+
+
+class FusedStages(LayerStages):
+    def __init__(self, fallback: LayerStages) -> None:
+        super().__init__(fallback.pre_attention, fallback.post_attention)
+        self.fallback = fallback
+
+    def compiled(self) -> LayerStages:
+        return FusedStages(self.fallback.compiled())
+
+    def attention_inputs(self, layer: DecoderLayer, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                         k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> torch.Tensor:
+        if not _is_fused_step(hidden):
+            return self.fallback.attention_inputs(layer, hidden, cos, sin, k_cache, v_cache, slot_mapping)
+        qkv = skinny_linear(rms_norm_triton(hidden, layer.input_norm, layer.eps), layer.qkv.weight, layer.qkv.bias)
+        return rope_and_write_kv(qkv, cos, sin, k_cache, v_cache, slot_mapping, layer.shape)
+
+    def attention_output(self, layer: DecoderLayer, hidden: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        if not _is_fused_step(hidden):
+            return self.fallback.attention_output(layer, hidden, attn)
+        hidden = skinny_linear(attn.flatten(1), layer.o_proj.weight, layer.o_proj.bias, residual=hidden)
+        x = rms_norm_triton(hidden, layer.post_attention_norm, layer.eps)
+        act = skinny_linear(x, layer.gate_up.weight, layer.gate_up.bias, silu_mul=True)
+        return skinny_linear(act, layer.down_proj.weight, layer.down_proj.bias, residual=hidden)
+
+    def logits(self, model: CausalLM, hidden: torch.Tensor) -> torch.Tensor:
+        if not _is_fused_step(hidden):
+            return self.fallback.logits(model, hidden)
+        x = rms_norm_triton(hidden, model.norm, model.eps)
+        return skinny_linear(x, model.lm_head.weight, model.lm_head.bias).float()
+
+
+def _is_fused_step(hidden: torch.Tensor) -> bool:
+    if hidden.is_cuda:
+        return torch.cuda.is_current_stream_capturing()
+    return hidden.shape[0] <= CPU_MAX_ROWS

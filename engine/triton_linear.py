@@ -1,0 +1,171 @@
+"""Triton skinny linear: out = epilogue(prologue(x) @ W^T) for the few rows of a decode or verify step.
+
+At 1..16 rows a linear layer is bound by the bytes of W it reads; besides cuBLAS's own shortfall
+at these shapes (bench/tune_linear.py: 0.59-0.70 of the copy bandwidth on Llama-3.1-8B's attention
+projections, 0.70-0.77 here), a step loses to the floor in the kernels around the products, each a
+launch and a ramp in the CUDA graph. One program here streams a BLOCK_N x K strip of W, contiguous
+along K, through a software pipeline, and multiplies it with all rows at once (a tensor-core dot
+over the rows padded to 16), fusing into its epilogue:
+
+  silu_mul   for gate/up weights with interleaved rows (gate_0, up_0, gate_1, ...): each program
+             pairs its columns and writes silu(gate) * up, half as many columns
+  bias       before rounding, like addmm
+  residual   after rounding, like the unfused add
+
+Nothing is fused on the way in: any op on the x tile between its load and the dot costs the
+pipeline its asynchronous copies, and measured 0.23-0.35 of the bandwidth (the RMS norm; so it
+stays a kernel of its own, engine/triton_norm.py, 2 us).
+
+A row's result does not depend on the other rows or their number (the launch configuration is a
+function of N and K only, and every row tile is computed alike), so a verify and a decode compute a
+token's logits identically, whatever the batch. `skinny_linear_reference` is the same computation
+in PyTorch (CPU, the tests).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from engine.llama import silu_mul_interleaved
+
+BLOCK_M = 16  # rows per program: the smallest tensor-core tile
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    block_n: int
+    block_k: int
+    num_warps: int
+    num_stages: int
+
+
+def launch_config(n: int, k: int) -> LaunchConfig:
+    """A function of the weight's shape only (never of the row count: see the module doc); the best of
+    bench/tune_linear.py's sweep on the H200 for Llama-3.1-8B and 3.2-1B shapes."""
+    if k >= 8192:  # down projections
+        return LaunchConfig(block_n=32, block_k=512, num_warps=4, num_stages=4)
+    if n >= 65536:  # LM heads
+        return LaunchConfig(block_n=64, block_k=128, num_warps=4, num_stages=4)
+    if n >= 16384:  # gate/up projections
+        return LaunchConfig(block_n=32, block_k=128, num_warps=4, num_stages=3)
+    return LaunchConfig(block_n=32, block_k=256 if k % 256 == 0 else 128, num_warps=4, num_stages=4)
+
+
+@triton.jit
+def _skinny_linear_kernel(
+    x_ptr, w_ptr, out_ptr, bias_ptr, res_ptr,
+    M, N, K, stride_xm, stride_wn, stride_om, stride_rm,
+    SILU_MUL: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    EVEN_N: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    row_ok = rows < M
+    col_ok = cols < N
+    dtype = w_ptr.dtype.element_ty
+    x_rows = x_ptr + rows[:, None].to(tl.int64) * stride_xm
+    w_cols = w_ptr + cols[:, None].to(tl.int64) * stride_wn
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k = k0 + offs_k
+        k_ok = k < K
+        if EVEN_K and EVEN_N:
+            w = tl.load(w_cols + k[None, :])
+        else:
+            w = tl.load(w_cols + k[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
+        a = tl.load(x_rows + k[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+        acc += tl.dot(a, tl.trans(w), input_precision=DOT_PRECISION)
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+    if SILU_MUL:  # columns (2j, 2j + 1) are (gate_j, up_j); each op rounded like PyTorch's
+        gate, up = tl.split(tl.reshape(acc.to(dtype).to(tl.float32), [BLOCK_M, BLOCK_N // 2, 2]))
+        y = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32) * up
+        cols = tl.program_id(1) * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
+        col_ok = cols < N // 2
+    else:
+        y = acc.to(out_ptr.dtype.element_ty)
+    out_mask = row_ok[:, None] & col_ok[None, :]
+    if HAS_RESIDUAL:
+        res = tl.load(res_ptr + rows[:, None].to(tl.int64) * stride_rm + cols[None, :], mask=out_mask, other=0.0)
+        y = y.to(tl.float32) + res.to(tl.float32)
+    tl.store(out_ptr + rows[:, None].to(tl.int64) * stride_om + cols[None, :], y.to(out_ptr.dtype.element_ty),
+             mask=out_mask)
+
+
+def skinny_linear(
+    x: torch.Tensor,  # [M, K]
+    weight: torch.Tensor,  # [N, K] (silu_mul: rows gate_0, up_0, gate_1, up_1, ...)
+    bias: torch.Tensor | None = None,  # [N]
+    *,
+    silu_mul: bool = False,
+    residual: torch.Tensor | None = None,  # [M, N] ([M, N / 2] with silu_mul), added last
+    out_dtype: torch.dtype | None = None,
+    config: LaunchConfig | None = None,
+) -> torch.Tensor:  # [M, N] ([M, N / 2] with silu_mul)
+    """Asserting host wrapper: every shape, dtype and stride is checked before launch."""
+    assert x.dim() == 2 and weight.dim() == 2, "x [M, K] and weight [N, K]"
+    n, k = weight.shape
+    m = x.shape[0]
+    assert x.shape[1] == k, f"x {tuple(x.shape)} vs weight {tuple(weight.shape)}"
+    assert not silu_mul or n % 2 == 0, "silu_mul needs gate/up row pairs"
+    n_out = n // 2 if silu_mul else n
+    assert x.dtype == weight.dtype, f"x {x.dtype} and weight {weight.dtype} must share a dtype"
+    assert x.stride(1) == 1 and weight.stride(1) == 1, "rows must be contiguous"
+    assert x.device == weight.device
+    if bias is not None:
+        assert bias.shape == (n,) and bias.is_contiguous()
+    if residual is not None:
+        assert residual.shape == (m, n_out) and residual.stride(1) == 1
+    out = torch.empty((m, n_out), dtype=out_dtype or x.dtype, device=x.device)
+    if m == 0:
+        return out
+    config = config or launch_config(n, k)
+    assert config.block_n % 2 == 0
+    # row tiles vary fastest: the programs that share a strip of W run together and read it from L2
+    grid = (triton.cdiv(m, BLOCK_M), triton.cdiv(n, config.block_n))
+    _skinny_linear_kernel[grid](
+        x, weight, out,
+        bias if bias is not None else x,
+        residual if residual is not None else x,
+        m, n, k, x.stride(0), weight.stride(0), out.stride(0),
+        residual.stride(0) if residual is not None else 0,
+        SILU_MUL=silu_mul, HAS_BIAS=bias is not None,
+        HAS_RESIDUAL=residual is not None,
+        EVEN_K=k % config.block_k == 0, EVEN_N=n % config.block_n == 0,
+        BLOCK_M=BLOCK_M, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
+        # float32 models stay exact float32 (no TF32)
+        DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+        num_warps=config.num_warps, num_stages=config.num_stages,
+    )
+    return out
+
+
+def skinny_linear_reference(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    silu_mul: bool = False,
+    residual: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """`skinny_linear` in PyTorch ops."""
+    out = F.linear(x, weight, bias)
+    if silu_mul:
+        out = silu_mul_interleaved(out)
+    if residual is not None:
+        out = residual + out
+    return out if out_dtype is None else out.to(out_dtype)
+
