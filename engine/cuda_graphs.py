@@ -82,26 +82,31 @@ class StaticInputs:
 
     The device tensors of `batch` are views of two flat buffers (int64: token ids, positions, slots;
     int32: context lengths, block tables), filled from host mirrors (pinned on CUDA) in two copies:
-    a step's host work is a few numpy writes, not a dozen tensor ops and copies.
+    a step's host work is a few numpy writes, not a dozen tensor ops and copies. `num_extra` more
+    int64 rows of b values ride along for the caller (`extra`: device, `host_extra`: numpy, written
+    before `fill`).
     """
 
-    def __init__(self, b: int, q: int, max_blocks: int, block_size: int, device: torch.device) -> None:
+    def __init__(self, b: int, q: int, max_blocks: int, block_size: int, device: torch.device,
+                 num_extra: int = 0) -> None:
         self.b, self.q = b, q
         self._scratch = SCRATCH_BLOCK * block_size
         pin = device.type == "cuda"
-        self._host_long = torch.zeros((3, b * q), dtype=torch.long, pin_memory=pin)
+        self._host_long = torch.zeros(3 * b * q + num_extra * b, dtype=torch.long, pin_memory=pin)
         self._host_int = torch.zeros(b + b * max_blocks, dtype=torch.int32, pin_memory=pin)
-        self._long = self._host_long.numpy()
+        self._long = self._host_long[: 3 * b * q].view(3, b * q).numpy()
+        self.host_extra = self._host_long[3 * b * q:].view(num_extra, b).numpy()
         self._context_lens = self._host_int[:b].numpy()
         self._block_tables = self._host_int[b:].view(b, max_blocks).numpy()
         self._fill_padding()
         device_long, device_int = self._host_long.to(device), self._host_int.to(device)
         self._device = (device_long, device_int)
+        self.extra = device_long[3 * b * q:].view(num_extra, b)
         self._copied: torch.cuda.Event | None = None
         self.batch = ForwardBatch(
-            input_ids=device_long[0],
-            positions=device_long[1],
-            slot_mapping=device_long[2],
+            input_ids=device_long[: b * q],
+            positions=device_long[b * q: 2 * b * q],
+            slot_mapping=device_long[2 * b * q: 3 * b * q],
             cu_seqlens_q=list(range(0, b * q + 1, q)),
             cu_seqlens_q_t=torch.arange(0, b * q + 1, q, dtype=torch.int32, device=device),
             context_lens=device_int[:b],
@@ -115,8 +120,7 @@ class StaticInputs:
 
         Pad tokens write their K/V into the scratch block and only pad queries attend to them.
         """
-        if self._copied is not None:
-            self._copied.synchronize()  # the previous step's copy has read the host mirrors
+        self.wait_for_copy()
         self._fill_padding()
         q, tokens = self.q, self._long
         for i, step in enumerate(steps):
@@ -132,6 +136,11 @@ class StaticInputs:
         if device_long.is_cuda:
             self._copied = torch.cuda.Event()
             self._copied.record()
+
+    def wait_for_copy(self) -> None:
+        """Before writing the host mirrors: the previous step's copy has read them."""
+        if self._copied is not None:
+            self._copied.synchronize()
 
     def _fill_padding(self) -> None:
         self._long[:2] = 0

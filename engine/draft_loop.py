@@ -65,7 +65,6 @@ class _RowParams:
 class _DeviceLoop:
     inputs: StaticInputs  # of the first forward (the pending tokens)
     first: ForwardBatch  # inputs.batch, its logits at each sequence's last pending token
-    base_positions: torch.Tensor  # [b] position of each sequence's last pending token
     params: _RowParams | None  # None: a greedy-only loop
     run: Callable[[], tuple[torch.Tensor, ...]]  # the k forwards; [b, k] tokens (+ [b, k, c] ids and q)
     graph: torch.cuda.CUDAGraph | None = None  # `run` captured (CUDA)
@@ -155,11 +154,11 @@ class DraftLoop:
         if shape not in self._loops:  # only without graphs: captured loops all exist from the start
             self._loops[shape] = self._build(*shape)
         graph = self._loops[shape]
-        graph.inputs.fill(steps)
-        rows = [i * q + len(s.token_ids) - 1 for i, s in enumerate(steps)] + [i * q + q - 1 for i in range(len(steps), b)]
-        base = [s.kv.num_tokens + len(s.token_ids) - 1 for s in steps] + [q - 1] * (b - len(steps))
-        graph.first.logits_indices.copy_(torch.tensor(rows), non_blocking=True)
-        graph.base_positions.copy_(torch.tensor(base), non_blocking=True)
+        graph.inputs.wait_for_copy()
+        graph.inputs.host_extra[0] = [i * q + len(s.token_ids) - 1 for i, s in enumerate(steps)] + \
+            [i * q + q - 1 for i in range(len(steps), b)]
+        graph.inputs.host_extra[1] = [s.kv.num_tokens + len(s.token_ids) - 1 for s in steps] + [q - 1] * (b - len(steps))
+        graph.inputs.fill(steps)  # copies the rows above too
         if graph.params is not None:
             graph.params.fill(sampling)
         if graph.graph is not None:
@@ -190,9 +189,13 @@ class DraftLoop:
     def _build(self, b: int, k: int, q: int, sampled: bool) -> _DeviceLoop:
         runner, device = self._runner, self._runner.device
         model, kv, attention, bs = runner.model, runner.kv, runner.attention, runner.kv.block_size
-        inputs = StaticInputs(b, q, self._max_blocks, bs, device)
-        first = dataclasses.replace(inputs.batch, logits_indices=torch.arange(q - 1, b * q, q, device=device))
-        base = torch.full((b,), q - 1, dtype=torch.long, device=device)
+        inputs = StaticInputs(b, q, self._max_blocks, bs, device, num_extra=2)  # logits rows, base positions
+        first = dataclasses.replace(inputs.batch, logits_indices=inputs.extra[0])
+        base = inputs.extra[1]
+        inputs.host_extra[0] = range(q - 1, b * q, q)
+        inputs.host_extra[1] = q - 1
+        first.logits_indices.copy_(torch.from_numpy(inputs.host_extra[0]))
+        base.copy_(torch.from_numpy(inputs.host_extra[1]))
         step = ForwardBatch(
             input_ids=torch.zeros(b, dtype=torch.long, device=device),
             positions=torch.zeros(b, dtype=torch.long, device=device),
@@ -226,7 +229,7 @@ class DraftLoop:
                 picked.append(pick(model(step, kv, attention), j))
             return tuple(torch.stack(parts, dim=1) for parts in zip(*picked))  # tokens [b, k] (ids, q [b, k, c])
 
-        return _DeviceLoop(inputs, first, base, params, loop)
+        return _DeviceLoop(inputs, first, params, loop)
 
 
 def _bucket(buckets: tuple[int, ...], n: int) -> int:

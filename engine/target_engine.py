@@ -192,7 +192,7 @@ def _commit(job: _Job, logits: torch.Tensor) -> Verification:
         seq.token_ids.append(first)
         return Verification(num_accepted=0, committed_ids=[first])
     if sampling.is_greedy:
-        verification = verify_greedy(torch.tensor(job.draft_ids, dtype=torch.long, device=logits.device), logits)
+        verification = verify_greedy(job.draft_ids, logits)
     else:
         verification = verify_sampled(job.draft_ids, job.draft_probs or [], logits, sampling, position)
     seq.token_ids += verification.committed_ids

@@ -20,12 +20,11 @@ class Verification:
 
 
 def verify_greedy(
-    draft_ids: torch.Tensor,  # [k] proposed tokens
+    draft_ids: list[int],  # [k] proposed tokens
     target_logits: torch.Tensor,  # [k + 1, vocab] target logits; row i predicts the token after draft i-1
 ) -> Verification:
-    assert target_logits.shape[0] == draft_ids.shape[0] + 1, "need k + 1 logit rows for k drafts"
-    target_ids = target_logits.argmax(dim=-1)  # [k + 1]
-    mismatches = (draft_ids != target_ids[:-1]).nonzero()
-    num_accepted = int(mismatches[0]) if mismatches.numel() else draft_ids.shape[0]
-    committed = target_ids[: num_accepted + 1].tolist()  # equals the accepted drafts, then one more
-    return Verification(num_accepted=num_accepted, committed_ids=committed)
+    assert target_logits.shape[0] == len(draft_ids) + 1, "need k + 1 logit rows for k drafts"
+    target_ids = target_logits.argmax(dim=-1).tolist()  # one kernel and one read back, whatever k
+    num_accepted = next((i for i, (d, t) in enumerate(zip(draft_ids, target_ids)) if d != t), len(draft_ids))
+    # the accepted drafts equal the target's own tokens; then one more of its own
+    return Verification(num_accepted=num_accepted, committed_ids=target_ids[: num_accepted + 1])
