@@ -135,7 +135,8 @@ def main() -> None:
                 if k != 0:
                     metrics[f"{prefix}_acceptance_rate"] = t.ratio("accepted", "drafted")
                 steps = t.counts["steps"] or 1
-                # the target's forward time per step shows a disturbed run: ~55-60 ms on this VM when quiet
+                # the target's forward time per step shows a disturbed run: ~55-63 ms at k = 0 on this VM when
+                # quiet; it counts the prefill too, so it grows with k (fewer steps share it), not only with noise
                 metrics[f"{prefix}_target_ms_per_step"] = 1e3 * t.counts["target_s"] / steps
                 print(f"{prefix}: {tok_s[name]:.1f} tok/s, per step {1e3 * t.seconds / steps:.1f} ms: target "
                       f"{1e3 * t.counts['target_s'] / steps:.1f}, draft {1e3 * t.counts['draft_s'] / steps:.1f}, "
