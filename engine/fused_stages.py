@@ -11,8 +11,9 @@ Per layer, seven kernels around attention instead of a dozen:
   hidden  += skinny_linear(silu_mul(skinny_linear(x)))  (gate/up with the activation fused, then
                                                          down_proj with the residual fused)
 
-and the LM head as two more (final norm, product). Every kernel computes a row as if it were
-alone, so every decode and verify step computes a token's logits alike whatever the batch.
+and the LM head as two more (final norm, product). These kernels compute a row as if it were
+alone, so a decode and a verify compute a token's logits alike (attention splits its keys by the
+batch size, so across batch sizes that is not guaranteed yet).
 
 Which steps: on CUDA, those captured into graphs (decode, verify, the draft's proposal loop),
 where a kernel costs no host launch; eager forwards (prefill chunks: many rows, compute-bound)

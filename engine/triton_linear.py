@@ -17,8 +17,8 @@ pipeline its asynchronous copies, and measured 0.23-0.35 of the bandwidth (the R
 stays a kernel of its own, engine/triton_norm.py, 2 us).
 
 A row's result does not depend on the other rows or their number (the launch configuration is a
-function of N and K only, and every row tile is computed alike), so a verify and a decode compute a
-token's logits identically, whatever the batch. `skinny_linear_reference` is the same computation
+function of N and K only, and every row tile is computed alike): a verify and a decode, or any
+batch, give the row the same product. `skinny_linear_reference` is the same computation
 in PyTorch (CPU, the tests).
 """
 from __future__ import annotations

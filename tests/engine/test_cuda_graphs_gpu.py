@@ -53,3 +53,24 @@ def test_device_draft_loop_proposes_what_the_stepwise_loop_proposes(model_dirs, 
     assert device_loop.num_graph_replays == (8 if captured else 0)
     if captured:
         assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == compiled_graphs
+
+
+def test_fused_kernels_give_a_token_the_same_logits_in_any_step(model_dirs):
+    """--layer-kernels fused, bf16: a token's logits are bit-for-bit the same whether it is decoded or
+    verified among 4 others (engine/fused_stages.py; both steps of one sequence: attention splits
+    its keys by the batch size, so other batch sizes are not part of the claim yet)."""
+    runner = ModelRunner(RuntimeConfig(model=str(model_dirs["target"]), device="cuda", dtype="bfloat16",
+                                       kv_cache_tokens=4096, layer_kernels="fused"))
+    prompt, tokens = list(range(3, 23)), [41, 7, 99, 12, 5]
+
+    def open_sequence(ids):
+        kv = runner.kv.new_sequence()
+        runner.forward([StepInput(kv, ids, 1)])
+        return kv
+
+    alone = open_sequence(prompt)
+    decoded = torch.cat([runner.forward([StepInput(alone, [t], 1)])[0] for t in tokens])
+    verified_kv = open_sequence(prompt)
+    [verified] = runner.forward([StepInput(verified_kv, tokens, len(tokens))])
+    assert runner.num_eager_steps == 2  # the prefills only: every step above replayed a graph
+    assert torch.equal(decoded, verified)
