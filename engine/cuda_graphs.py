@@ -89,7 +89,7 @@ class StaticInputs:
 
     def __init__(self, b: int, q: int, max_blocks: int, block_size: int, device: torch.device,
                  num_extra: int = 0) -> None:
-        self.b, self.q = b, q
+        self.q = q
         self._scratch = SCRATCH_BLOCK * block_size
         pin = device.type == "cuda"
         self._host_long = torch.zeros(3 * b * q + num_extra * b, dtype=torch.long, pin_memory=pin)

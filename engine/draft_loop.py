@@ -190,12 +190,8 @@ class DraftLoop:
         runner, device = self._runner, self._runner.device
         model, kv, attention, bs = runner.model, runner.kv, runner.attention, runner.kv.block_size
         inputs = StaticInputs(b, q, self._max_blocks, bs, device, num_extra=2)  # logits rows, base positions
-        first = dataclasses.replace(inputs.batch, logits_indices=inputs.extra[0])
+        first = dataclasses.replace(inputs.batch, logits_indices=inputs.extra[0])  # both written by every propose
         base = inputs.extra[1]
-        inputs.host_extra[0] = range(q - 1, b * q, q)
-        inputs.host_extra[1] = q - 1
-        first.logits_indices.copy_(torch.from_numpy(inputs.host_extra[0]))
-        base.copy_(torch.from_numpy(inputs.host_extra[1]))
         step = ForwardBatch(
             input_ids=torch.zeros(b, dtype=torch.long, device=device),
             positions=torch.zeros(b, dtype=torch.long, device=device),

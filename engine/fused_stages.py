@@ -33,23 +33,21 @@ CPU_MAX_ROWS = 16
 
 
 class FusedStages(LayerStages):
+    """`fallback`'s stages (the inherited methods) for the steps the kernels do not take."""
+
     def __init__(self, fallback: LayerStages) -> None:
         super().__init__(fallback.pre_attention, fallback.post_attention)
-        self.fallback = fallback
-
-    def compiled(self) -> LayerStages:
-        return FusedStages(self.fallback.compiled())
 
     def attention_inputs(self, layer: DecoderLayer, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                          k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> torch.Tensor:
         if not _is_fused_step(hidden):
-            return self.fallback.attention_inputs(layer, hidden, cos, sin, k_cache, v_cache, slot_mapping)
+            return super().attention_inputs(layer, hidden, cos, sin, k_cache, v_cache, slot_mapping)
         qkv = skinny_linear(rms_norm_triton(hidden, layer.input_norm, layer.eps), layer.qkv.weight, layer.qkv.bias)
         return rope_and_write_kv(qkv, cos, sin, k_cache, v_cache, slot_mapping, layer.shape)
 
     def attention_output(self, layer: DecoderLayer, hidden: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
         if not _is_fused_step(hidden):
-            return self.fallback.attention_output(layer, hidden, attn)
+            return super().attention_output(layer, hidden, attn)
         hidden = skinny_linear(attn.flatten(1), layer.o_proj.weight, layer.o_proj.bias, residual=hidden)
         x = rms_norm_triton(hidden, layer.post_attention_norm, layer.eps)
         act = skinny_linear(x, layer.gate_up.weight, layer.gate_up.bias, silu_mul=True)
@@ -57,7 +55,7 @@ class FusedStages(LayerStages):
 
     def logits(self, model: CausalLM, hidden: torch.Tensor) -> torch.Tensor:
         if not _is_fused_step(hidden):
-            return self.fallback.logits(model, hidden)
+            return super().logits(model, hidden)
         x = rms_norm_triton(hidden, model.norm, model.eps)
         return skinny_linear(x, model.lm_head.weight, model.lm_head.bias).float()
 

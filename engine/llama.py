@@ -172,7 +172,8 @@ class CausalLM(nn.Module):
         self.stages = self.stages.compiled()
 
     def use_fused_kernels(self) -> None:
-        """Decode and verify steps (up to 16 rows) run engine.fused_stages' Triton kernels (GPU)."""
+        """CUDA-graph steps (decode, verify, draft loops) run engine.fused_stages' Triton kernels;
+        call after compile_stages (eager steps keep the compiled stages)."""
         from engine.fused_stages import FusedStages  # needs triton, only here
 
         self.stages = FusedStages(self.stages)

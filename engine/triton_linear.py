@@ -1,4 +1,4 @@
-"""Triton skinny linear: out = epilogue(prologue(x) @ W^T) for the few rows of a decode or verify step.
+"""Triton skinny linear: out = epilogue(x @ W^T) for the few rows of a decode or verify step.
 
 At 1..16 rows a linear layer is bound by the bytes of W it reads; besides cuBLAS's own shortfall
 at these shapes (bench/tune_linear.py: 0.59-0.70 of the copy bandwidth on Llama-3.1-8B's attention
