@@ -8,8 +8,10 @@ E(k) = 1 + a + ... + a^k tokens on average. Its wall time, as the gateway sees i
 verify(k) is the target's forward over k + 1 tokens and draft(k) the draft's forwards proposing k
 tokens, both as the services report them with every answer (so they reflect the target's current
 batch load: a verify of k + 1 tokens costs about one decode step on a GPU at small batch, and much
-more on a CPU or a busy GPU), kept per k. overhead is the rest of the step's wall time, measured
-around the whole step in the loop: gRPC round trips, (de)serialisation, the gateway's own work -
+more on a CPU or a busy GPU), each kept as a cost by k times a speed that all k share (`_Times`:
+every step moves the speed quickly and its own k's cost slowly, so the machine's drift and a step's
+jitter move every k alike instead of whichever k ran then). overhead is the rest of the step's wall
+time, measured around the whole step in the loop: gRPC round trips, (de)serialisation, the gateway's own work -
 kept apart for steps that draft and steps that do not, because a drafting step adds a round trip to
 the draft service that no forward time shows (on the 2-core CPU: ~4 ms per drafting step against
 ~2 ms per target-only step, next to a 14 ms draft forward and a 57 ms verify). All are moving
@@ -73,6 +75,7 @@ SEED_TRIALS = 8  # what a draft's history counts for in a new request (its promp
 ACCEPTANCE_MEMORY = 32  # draft positions a request's acceptance remembers
 START_OPTIMISM = 1.5  # prompts' acceptance varies around their draft's average (CPU, greedy: 0.22-0.6)
 RPC_PRIOR_S = 2e-4  # the extra round trip of a drafting step before one is measured (loopback)
+SPEED_WEIGHT = 0.3  # of the newest step in the speed shared by a forward's times at every k
 
 
 @dataclass
@@ -113,42 +116,76 @@ class _Acceptance:
 
 
 @dataclass
+class _Times:
+    """A forward's time by k, as a cost by k (the time at speed 1) times a speed shared by all k.
+
+    Every step moves the speed quickly and its own k's cost slowly. Kept apart, per-k averages mix up
+    the machine with k: this VM's speed drifts ~15 % over minutes and one step's time jitters ~25 %,
+    so a k measured in a slow minute kept its slow time while the k that ran got faster, and the
+    policy went over to the k measured last (traced: a verify ~69 ms at k = 1 from earlier requests
+    against ~58 at k = 2 now, where fixed k = 1 won by 12 %). With a shared speed a k not run lately
+    moves with the k that ran, and a slow step slows every k alike. Costs change only through the
+    steps of their own k (a GPU whose batch grows makes long verifies dearer than short ones: they
+    learn it as they run, and by being forgotten and measured again)."""
+
+    cost_weight: float  # of the newest step in a k's cost
+    costs: dict[int, float] = field(default_factory=dict)  # by k
+    speed: float = 1.0
+
+    def add(self, k: int, seconds: float) -> None:
+        cost = self.costs.get(k)
+        if not cost:
+            self.costs[k] = seconds / self.speed
+            return
+        self.speed += SPEED_WEIGHT * (seconds / cost - self.speed)
+        self.costs[k] = cost + self.cost_weight * (seconds / self.speed - cost)
+
+    def by_k(self) -> dict[int, float]:
+        return {k: cost * self.speed for k, cost in self.costs.items()}
+
+    def start_at(self, other: _Times, k_max: int) -> None:
+        self.costs = {k: cost for k, cost in other.costs.items() if k <= k_max}
+        self.speed = other.speed
+
+
+@dataclass
 class _Estimates:
     """What steps measured: acceptance, and the three parts of a step's wall time, the two forward
     times by k. With `forget_after`, a k's times are forgotten once that many steps passed without
-    it (bar the drafting k measured last, so a draft's cost is never unknown again): this VM's
-    speed drifts, a GPU's load changes, and a k measured once at a bad moment must get another try."""
+    it (bar the drafting k measured last, so a draft's cost is never unknown again): a GPU's load
+    changes the costs by k, and a k measured at a bad moment must get another try."""
 
-    weight: float  # of the newest step in the time averages
+    weight: float  # of the newest step in the costs by k and the overheads
     acceptance: _Acceptance
     forget_after: int | None = None  # steps; None: never
-    verify_s: dict[int, _Average] = field(default_factory=dict)  # by k
-    draft_s: dict[int, _Average] = field(default_factory=dict)  # by k > 0, of steps that paid no catch-up
+    verify_s: _Times = field(init=False)  # by k
+    draft_s: _Times = field(init=False)  # by k > 0, of steps that paid no catch-up
     overhead_s: dict[bool, _Average] = field(init=False)  # by whether the step drafted
     num_steps: int = field(default=0, init=False)
     _last_step: dict[int, int] = field(default_factory=dict, init=False)  # by k: when last measured
 
     def __post_init__(self) -> None:
+        self.verify_s, self.draft_s = _Times(self.weight), _Times(self.weight)
         self.overhead_s = {False: _Average(self.weight), True: _Average(self.weight)}
 
     def seed(self, other: _Estimates, k_max: int) -> None:
         """Starts from `other`'s values (keeping this one's weights)."""
         self.acceptance.start_at(other.acceptance.value, SEED_TRIALS)
-        self.verify_s = {k: _Average(self.weight, a.value) for k, a in other.verify_s.items() if k <= k_max}
-        self.draft_s = {k: _Average(self.weight, a.value) for k, a in other.draft_s.items() if k <= k_max}
+        self.verify_s.start_at(other.verify_s, k_max)
+        self.draft_s.start_at(other.draft_s, k_max)
         for is_drafting, average in other.overhead_s.items():
             self.overhead_s[is_drafting].value = average.value
 
     def record(self, k: int, num_accepted: int, verify_s: float, draft_s: float, step_s: float,
                is_steady: bool) -> None:
         """`is_steady`: the step paid no catch-up, its draft time and overhead are a drafting step's own."""
-        self.verify_s.setdefault(k, _Average(self.weight)).add(verify_s)
+        self.verify_s.add(k, verify_s)
         if k > 0:
             self.acceptance.add(num_accepted, k)
         if k == 0 or is_steady:
             self.overhead_s[k > 0].add(max(step_s - verify_s - draft_s, 0.0))
         if k > 0 and is_steady:
-            self.draft_s.setdefault(k, _Average(self.weight)).add(draft_s)
+            self.draft_s.add(k, draft_s)
         self.num_steps += 1
         self._last_step[k] = self.num_steps
         if self.forget_after is not None:
@@ -159,8 +196,8 @@ class _Estimates:
         for k, step in list(self._last_step.items()):
             if k != latest_drafting and self.num_steps - step > forget_after:
                 del self._last_step[k]
-                self.verify_s.pop(k, None)
-                self.draft_s.pop(k, None)
+                self.verify_s.costs.pop(k, None)
+                self.draft_s.costs.pop(k, None)
 
 
 @dataclass
@@ -211,14 +248,14 @@ class SpeculationHistory:
 
     @property
     def is_learned(self) -> bool:
-        return bool(self.estimates.verify_s)
+        return bool(self.estimates.verify_s.costs)
 
 
 @dataclass
 class SpeculationPolicy:
     k_max: int
     acceptance_prior: float = ACCEPTANCE_PRIOR
-    weight: float = 0.3  # of the newest step in the time averages
+    weight: float = 0.1  # of the newest step in the costs by k and the overheads
     history: SpeculationHistory | None = None  # shared with the draft's other requests
     probes: ProbeSchedule = field(default_factory=ProbeSchedule)  # the history's, to share it
     _estimates: _Estimates = field(init=False)
@@ -248,7 +285,7 @@ class SpeculationPolicy:
         if self._planned_k > 0:
             self.probes.count_step_on()
             return self._planned_k
-        if self.k_max == 0 or 0 not in self._estimates.verify_s:
+        if self.k_max == 0 or 0 not in self._estimates.verify_s.costs:
             return 0  # the baseline's measurement is not a step off: no probe in its place
         self._probing = self.probes.count_step_off()
         return 1 if self._probing else 0
@@ -271,7 +308,7 @@ class SpeculationPolicy:
         first where k = 0 was never measured (the baseline that drafting must beat). For a request's
         first step, k = 1 where the estimates say off but its draft would win at START_OPTIMISM times
         their acceptance: prompts differ, and near break-even finding out costs little."""
-        verify_s = self._estimates.verify_s
+        verify_s = self._estimates.verify_s.costs
         if self.k_max == 0:
             return 0
         if not verify_s:
@@ -294,10 +331,10 @@ class SpeculationPolicy:
 
     def _forward_estimate(self, k: int) -> float:
         """Both forwards of a step at k (drafting no tokens costs nothing)."""
-        verify_s = _estimate({m: a.value for m, a in self._estimates.verify_s.items()}, k) or 0.0
+        verify_s = _estimate(self._estimates.verify_s.by_k(), k) or 0.0
         if k == 0:
             return verify_s
-        draft_s = {0: 0.0} | {m: a.value for m, a in self._estimates.draft_s.items()}
+        draft_s = {0: 0.0} | self._estimates.draft_s.by_k()
         return verify_s + _estimate(draft_s, k)
 
     def _overhead_estimate(self, is_drafting: bool) -> float:

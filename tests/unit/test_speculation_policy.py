@@ -160,14 +160,54 @@ def test_a_long_k_is_chosen_where_the_draft_costs_less_per_token_than_at_k1():
 def test_a_k_measured_at_a_bad_moment_is_measured_again_once_forgotten():
     history = SpeculationHistory(forget_after=64)
     cheap = {"verify_s_of": lambda k: (50 + 2 * k) * MS, "draft_s_per_token": 5 * MS}
-    _run(SpeculationPolicy(k_max=2, history=history), 30, accepted_of=lambda k: k, **cheap)
+    _run(SpeculationPolicy(k_max=1, history=history), 30, accepted_of=lambda k: k, **cheap)
     hiccup = SpeculationPolicy(k_max=2, history=history)
-    hiccup.record(2, 2, 900 * MS, 10 * MS, 920 * MS)  # the machine stalled in this one verify
+    hiccup.record(2, 2, 900 * MS, 10 * MS, 920 * MS)  # the machine stalled in k = 2's first verify
     first_after = _run(SpeculationPolicy(k_max=2, history=history), 30, accepted_of=lambda k: k, **cheap)
     for _ in range(4):  # requests at k = 1 until k = 2's time is forgotten
         last = _run(SpeculationPolicy(k_max=2, history=history), 30, accepted_of=lambda k: k, **cheap)
     assert 2 not in first_after[-10:]
     assert last[-10:] == [2] * 10
+
+
+# CPU-like forward times (ms) at speed 1: the third verified token is dear, the draft's time grows
+# by ~7 ms a token; at acceptance 0.5, k = 1 wins by ~10 % (17.6 tokens/s against 15.8 at k = 2)
+_CPU_VERIFY_MS = {0: 62, 1: 66, 2: 84, 3: 90, 4: 96}
+_CPU_DRAFT_MS = {0: 0, 1: 15, 2: 23, 3: 30, 4: 37}
+
+
+def _record_at_speed(policy: SpeculationPolicy, ks: list[int], speed: float, accepted_of) -> None:
+    """Steps at `ks` on a machine running at `speed` times the times above (> 1: slower)."""
+    for k in ks:
+        verify_s, draft_s = speed * _CPU_VERIFY_MS[k] * MS, speed * _CPU_DRAFT_MS[k] * MS
+        policy.record(k, accepted_of(k), verify_s, draft_s, verify_s + draft_s + (4 if k else 2) * MS)
+
+
+def _every_other_accepted():
+    """Accepted tokens of a draft whose tried positions are accepted and rejected in turn (0.5)."""
+    num_tried = 0
+
+    def accepted_of(k: int) -> int:
+        nonlocal num_tried
+        accepted = next((i for i in range(k) if (num_tried + i) % 2), k)
+        num_tried += accepted + (accepted < k)
+        return accepted
+    return accepted_of
+
+
+def test_a_k_not_run_lately_moves_with_the_machine_speed_instead_of_keeping_its_old_time():
+    policy, accepted_of = SpeculationPolicy(k_max=4), _every_other_accepted()
+    _record_at_speed(policy, [1] * 10 + [2, 3, 4] * 2 + [0] * 2 + [1], 1.3, accepted_of)  # a slow minute
+    _record_at_speed(policy, [2] * 10, 0.8, accepted_of)  # then a fast one, at k = 2
+    assert policy.next_k() == 1  # k = 1's time from the slow minute would make k = 2 look better
+
+
+def test_one_slow_step_does_not_move_a_request_off_its_k():
+    policy, accepted_of = SpeculationPolicy(k_max=4), _every_other_accepted()
+    _record_at_speed(policy, [1] * 4 + [0, 1, 2, 3, 4] + [1] * 12, 1.0, accepted_of)  # every k measured
+    assert policy.next_k() == 1
+    _record_at_speed(policy, [1], 2.5, accepted_of)  # the machine stalled in this step
+    assert policy.next_k() == 1  # all k are slower for now, not k = 1 for the next several steps
 
 
 def test_is_drafting_says_whether_the_next_step_drafts():
