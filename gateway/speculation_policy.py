@@ -8,10 +8,10 @@ E(k) = 1 + a + ... + a^k tokens on average. Its wall time, as the gateway sees i
 verify(k) is the target's forward over k + 1 tokens and draft(k) the draft's forwards proposing k
 tokens, both as the services report them with every answer (so they reflect the target's current
 batch load: a verify of k + 1 tokens costs about one decode step on a GPU at small batch, and much
-more on a CPU or a busy GPU), each kept as a cost by k times a speed that all k share (`_Times`:
-every step moves the speed quickly and its own k's cost slowly, so the machine's drift and a step's
-jitter move every k alike instead of whichever k ran then). overhead is the rest of the step's wall
-time, measured around the whole step in the loop: gRPC round trips, (de)serialisation, the gateway's own work -
+more on a CPU or a busy GPU), each kept as a cost by k times a speed that all k share, followed by
+a Kalman filter (`_Times`: the machine's drift and a step's jitter move every k alike instead of
+whichever k ran then). overhead is the rest of the step's wall time, measured around the whole
+step in the loop: gRPC round trips, (de)serialisation, the gateway's own work -
 kept apart for steps that draft and steps that do not, because a drafting step adds a round trip to
 the draft service that no forward time shows (on the 2-core CPU: ~4 ms per drafting step against
 ~2 ms per target-only step, next to a 14 ms draft forward and a 57 ms verify). All are moving
@@ -21,8 +21,12 @@ acceptance falls or verifies get expensive, and switches off (k = 0) where it wo
 
 A k not measured yet is estimated optimistically, and then measured: its forward times are those of
 the longest measured k below it (a longer forward costs no less), so it is tried wherever the extra
-tokens it may commit could pay, once, and from then on its measured times decide. A cold request
-thus measures each k that might win. Estimates from the short k (a line through them, or the draft's
+tokens it may commit could pay, and from then on its measured times decide. One drafting step in
+`REMEASURE_EVERY` measures another drafting k again where it would win were its times one standard
+deviation shorter than estimated (relative to the best k's, as the filter knows them): a k whose
+first step or two were slow gets another try, beside the best k at the same speed (traced: one
+verify at k = 1 of 73 ms, against ~58 usually, sent a cold request to k = 3 for good). A cold
+request thus measures each k that might win. Estimates from the short k (a line through them, or the draft's
 time per token at k = 1) misjudge the long ones: on the 2-core CPU, in one run, a verify took ~62 ms
 at k = 0, ~58 at k = 1 to 3 and ~70 at k = 4, the draft 17 ms at k = 1 but 24 at k = 2 and 28 at
 k = 3 (its first forward also takes the tokens the last verify committed); and growing one k at a
@@ -67,6 +71,7 @@ Output is unaffected: the loop is lossless for every k. A request can pin k inst
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 ACCEPTANCE_PRIOR = 0.5  # modest: a cold request drafts (k = 1) but must measure before it grows
@@ -75,7 +80,10 @@ SEED_TRIALS = 8  # what a draft's history counts for in a new request (its promp
 ACCEPTANCE_MEMORY = 32  # draft positions a request's acceptance remembers
 START_OPTIMISM = 1.5  # prompts' acceptance varies around their draft's average (CPU, greedy: 0.22-0.6)
 RPC_PRIOR_S = 2e-4  # the extra round trip of a drafting step before one is measured (loopback)
-SPEED_WEIGHT = 0.3  # of the newest step in the speed shared by a forward's times at every k
+JITTER = 0.2  # of a forward's log time, step to step (2-core VM: p10-p90 about -25 % to +25 %)
+SPEED_DRIFT = 1e-3  # variance a step of the log speed shared by all k (the machine, a GPU's load)
+COST_DRIFT = 1e-4  # variance a step of a k's log cost (a GPU's batch makes long verifies dearer)
+REMEASURE_EVERY = 8  # drafting steps: one in this many may measure another drafting k again
 
 
 @dataclass
@@ -115,37 +123,70 @@ class _Acceptance:
             self.num_accepted, self.num_trials = self.num_accepted * fade, self.memory
 
 
+SPEED = -1  # _Times' index of the speed, next to the costs' (k >= 0)
+
+
 @dataclass
 class _Times:
-    """A forward's time by k, as a cost by k (the time at speed 1) times a speed shared by all k.
+    """A forward's time by k: log time(k) = log speed + log cost(k) + jitter, followed by a Kalman
+    filter over the log speed and the log costs.
 
-    Every step moves the speed quickly and its own k's cost slowly. Kept apart, per-k averages mix up
-    the machine with k: this VM's speed drifts ~15 % over minutes and one step's time jitters ~25 %,
-    so a k measured in a slow minute kept its slow time while the k that ran got faster, and the
-    policy went over to the k measured last (traced: a verify ~69 ms at k = 1 from earlier requests
-    against ~58 at k = 2 now, where fixed k = 1 won by 12 %). With a shared speed a k not run lately
-    moves with the k that ran, and a slow step slows every k alike. Costs change only through the
-    steps of their own k (a GPU whose batch grows makes long verifies dearer than short ones: they
-    learn it as they run, and by being forgotten and measured again)."""
+    The speed is shared by all k and drifts (`SPEED_DRIFT` a step), the costs hardly (`COST_DRIFT`),
+    and a step's time jitters (`JITTER`). Kept apart, per-k averages mix up the machine with k: this
+    VM's speed drifts ~15 % over minutes and a step's time jitters ~25 %, so a k measured in a slow
+    minute kept its slow time while the k that ran got faster, and the policy went over to the k
+    measured last (traced: k = 1 at 69 ms from earlier requests against ~58 at k = 2 now, where
+    fixed k = 1 won by 12 %). The filter puts what a step says where it is uncertain: a k measured
+    once or twice learns its cost from its next steps; a well-measured k's steps move the speed,
+    which moves every k's time alike. What it cannot tell apart (a k that only ever runs alone: its
+    cost or the machine?) it leaves uncertain, and `spread` says how much, so another k can be
+    measured beside it."""
 
-    cost_weight: float  # of the newest step in a k's cost
-    costs: dict[int, float] = field(default_factory=dict)  # by k
-    speed: float = 1.0
+    mean: dict[int, float] = field(default_factory=lambda: {SPEED: 0.0})  # log speed, log cost by k
+    cov: dict[int, dict[int, float]] = field(default_factory=lambda: {SPEED: {SPEED: 0.0}})
 
     def add(self, k: int, seconds: float) -> None:
-        cost = self.costs.get(k)
-        if not cost:
-            self.costs[k] = seconds / self.speed
+        if seconds <= 0:
             return
-        self.speed += SPEED_WEIGHT * (seconds / cost - self.speed)
-        self.costs[k] = cost + self.cost_weight * (seconds / self.speed - cost)
+        for i in self.cov:
+            self.cov[i][i] += SPEED_DRIFT if i == SPEED else COST_DRIFT
+        y = math.log(seconds)
+        if k not in self.mean:  # the cost this step says, as uncertain as the speed, plus its jitter
+            self.mean[k] = y - self.mean[SPEED]
+            for i in self.cov:
+                self.cov[i][k] = -self.cov[i][SPEED]
+            self.cov[k] = {i: self.cov[i][k] for i in self.cov}
+            self.cov[k][k] = self.cov[SPEED][SPEED] + JITTER**2
+            return
+        # y = log speed + log cost(k) + jitter: h = e_speed + e_k
+        h_cov = {j: self.cov[SPEED][j] + self.cov[k][j] for j in self.cov}  # h . cov
+        variance = h_cov[SPEED] + h_cov[k] + JITTER**2
+        innovation = y - self.mean[SPEED] - self.mean[k]
+        gains = {i: h_cov[i] / variance for i in self.cov}
+        for i, gain in gains.items():
+            self.mean[i] += gain * innovation
+            for j in self.cov:
+                self.cov[i][j] -= gain * h_cov[j]
 
     def by_k(self) -> dict[int, float]:
-        return {k: cost * self.speed for k, cost in self.costs.items()}
+        return {k: math.exp(self.mean[SPEED] + m) for k, m in self.mean.items() if k != SPEED}
+
+    def spread(self, k: int, other: int) -> float:
+        """The standard deviation of log(time(k) / time(other)); 0 where either was not measured."""
+        if k not in self.mean or other not in self.mean:
+            return 0.0
+        return math.sqrt(max(self.cov[k][k] + self.cov[other][other] - 2 * self.cov[k][other], 0.0))
+
+    def forget(self, k: int) -> None:
+        if k in self.mean:
+            del self.mean[k], self.cov[k]
+            for row in self.cov.values():
+                del row[k]
 
     def start_at(self, other: _Times, k_max: int) -> None:
-        self.costs = {k: cost for k, cost in other.costs.items() if k <= k_max}
-        self.speed = other.speed
+        kept = [i for i in other.mean if i <= k_max]
+        self.mean = {i: other.mean[i] for i in kept}
+        self.cov = {i: {j: other.cov[i][j] for j in kept} for i in kept}
 
 
 @dataclass
@@ -155,7 +196,7 @@ class _Estimates:
     it (bar the drafting k measured last, so a draft's cost is never unknown again): a GPU's load
     changes the costs by k, and a k measured at a bad moment must get another try."""
 
-    weight: float  # of the newest step in the costs by k and the overheads
+    weight: float  # of the newest step in the overhead averages
     acceptance: _Acceptance
     forget_after: int | None = None  # steps; None: never
     verify_s: _Times = field(init=False)  # by k
@@ -165,7 +206,7 @@ class _Estimates:
     _last_step: dict[int, int] = field(default_factory=dict, init=False)  # by k: when last measured
 
     def __post_init__(self) -> None:
-        self.verify_s, self.draft_s = _Times(self.weight), _Times(self.weight)
+        self.verify_s, self.draft_s = _Times(), _Times()
         self.overhead_s = {False: _Average(self.weight), True: _Average(self.weight)}
 
     def seed(self, other: _Estimates, k_max: int) -> None:
@@ -196,8 +237,8 @@ class _Estimates:
         for k, step in list(self._last_step.items()):
             if k != latest_drafting and self.num_steps - step > forget_after:
                 del self._last_step[k]
-                self.verify_s.costs.pop(k, None)
-                self.draft_s.costs.pop(k, None)
+                self.verify_s.forget(k)
+                self.draft_s.forget(k)
 
 
 @dataclass
@@ -237,7 +278,7 @@ class SpeculationHistory:
     """What the requests that used one draft (in one decoding mode) measured, followed slowly, and
     the probe schedule they share."""
 
-    weight: float = 0.05  # of the newest step in the time averages
+    weight: float = 0.05  # of the newest step in the overhead averages
     acceptance_memory: float = 256  # draft positions
     forget_after: int = 256  # steps without a k before its times are measured afresh
     estimates: _Estimates = field(init=False)
@@ -248,20 +289,21 @@ class SpeculationHistory:
 
     @property
     def is_learned(self) -> bool:
-        return bool(self.estimates.verify_s.costs)
+        return bool(self.estimates.verify_s.by_k())
 
 
 @dataclass
 class SpeculationPolicy:
     k_max: int
     acceptance_prior: float = ACCEPTANCE_PRIOR
-    weight: float = 0.1  # of the newest step in the costs by k and the overheads
+    weight: float = 0.3  # of the newest step in the overhead averages
     history: SpeculationHistory | None = None  # shared with the draft's other requests
     probes: ProbeSchedule = field(default_factory=ProbeSchedule)  # the history's, to share it
     _estimates: _Estimates = field(init=False)
     _planned_k: int = field(init=False)  # the next step's k on the estimates, probes aside
     _probing: bool = field(default=False, init=False)
     _was_drafting: bool = field(init=False)  # the previous step drafted (its draft is caught up)
+    _num_drafting_plans: int = field(default=0, init=False)
 
     def __post_init__(self) -> None:
         self._estimates = _Estimates(self.weight, _Acceptance(ACCEPTANCE_MEMORY))
@@ -285,7 +327,7 @@ class SpeculationPolicy:
         if self._planned_k > 0:
             self.probes.count_step_on()
             return self._planned_k
-        if self.k_max == 0 or 0 not in self._estimates.verify_s.costs:
+        if self.k_max == 0 or 0 not in self._estimates.verify_s.by_k():
             return 0  # the baseline's measurement is not a step off: no probe in its place
         self._probing = self.probes.count_step_off()
         return 1 if self._probing else 0
@@ -308,7 +350,7 @@ class SpeculationPolicy:
         first where k = 0 was never measured (the baseline that drafting must beat). For a request's
         first step, k = 1 where the estimates say off but its draft would win at START_OPTIMISM times
         their acceptance: prompts differ, and near break-even finding out costs little."""
-        verify_s = self._estimates.verify_s.costs
+        verify_s = self._estimates.verify_s.by_k()
         if self.k_max == 0:
             return 0
         if not verify_s:
@@ -318,24 +360,41 @@ class SpeculationPolicy:
             return 0
         if best == 0 and is_first_step and self._best_k(self.acceptance * START_OPTIMISM) > 0:
             return 1
+        if best > 0:
+            self._num_drafting_plans += 1
+            if self._num_drafting_plans % REMEASURE_EVERY == 0:
+                return self._runner_up(best)
         return best
+
+    def _runner_up(self, best: int) -> int:
+        """The drafting k that would beat `best` if its times relative to best's were one standard
+        deviation (`_Times.spread`) shorter than estimated, else `best`. Measured beside `best`, at
+        the same speed, a k that lost on a slow step or two gets its due; one that lost on many is
+        not tried again. It costs at most one step in REMEASURE_EVERY, each by about a spread."""
+        rate = self._tokens_per_s(best, self.acceptance)
+        others = [k for k in range(1, self.k_max + 1) if k != best]
+        runner_up = max(others, key=lambda k: self._tokens_per_s(k, self.acceptance, best), default=best)
+        return runner_up if self._tokens_per_s(runner_up, self.acceptance, best) > rate else best
 
     def _best_k(self, acceptance: float) -> int:
         return max(range(self.k_max + 1), key=lambda k: self._tokens_per_s(k, acceptance))
 
-    def _tokens_per_s(self, k: int, acceptance: float) -> float:
+    def _tokens_per_s(self, k: int, acceptance: float, hopeful_against: int | None = None) -> float:
+        """`hopeful_against`: with k's times a spread shorter relative to that k's."""
         a = min(acceptance, 0.999)
         expected_tokens = (1 - a ** (k + 1)) / (1 - a)
-        step_s = self._forward_estimate(k) + self._overhead_estimate(k > 0)
+        step_s = self._forward_estimate(k, hopeful_against) + self._overhead_estimate(k > 0)
         return expected_tokens / step_s if step_s > 0 else float(k)
 
-    def _forward_estimate(self, k: int) -> float:
+    def _forward_estimate(self, k: int, hopeful_against: int | None = None) -> float:
         """Both forwards of a step at k (drafting no tokens costs nothing)."""
-        verify_s = _estimate(self._estimates.verify_s.by_k(), k) or 0.0
-        if k == 0:
-            return verify_s
-        draft_s = {0: 0.0} | self._estimates.draft_s.by_k()
-        return verify_s + _estimate(draft_s, k)
+        verify, draft = self._estimates.verify_s, self._estimates.draft_s
+        verify_s = _estimate(verify.by_k(), k) or 0.0
+        draft_s = _estimate({0: 0.0} | draft.by_k(), k) or 0.0
+        if hopeful_against is not None:
+            verify_s *= math.exp(-verify.spread(k, hopeful_against))
+            draft_s *= math.exp(-draft.spread(k, hopeful_against))
+        return verify_s + draft_s
 
     def _overhead_estimate(self, is_drafting: bool) -> float:
         measured = self._estimates.overhead_s

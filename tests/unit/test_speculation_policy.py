@@ -25,14 +25,14 @@ def _run(policy: SpeculationPolicy, num_steps: int, accepted_of, verify_s_of, dr
 
 def test_always_right_draft_speculates_up_to_the_cap():
     ks = _run(SpeculationPolicy(k_max=6), 30, accepted_of=lambda k: k, verify_s_of=lambda k: 5 * MS)
-    assert ks[-10:] == [6] * 10
+    assert ks[-10:].count(6) >= 9  # bar a k measured only once or twice, measured again
 
 
 def test_always_wrong_draft_switches_speculation_off_and_probes_ever_less_often():
     ks = _run(SpeculationPolicy(k_max=6, probes=ProbeSchedule(every=8)), 100, accepted_of=lambda k: 0,
               verify_s_of=lambda k: 5 * MS)
-    assert set(ks[10:]) <= {0, 1}
-    probes = [i for i, k in enumerate(ks) if k == 1 and i >= 10]
+    assert sum(k > 1 for k in ks[10:]) <= 1  # a k measured once, measured again while k = 1 looked best
+    probes = [i for i, k in enumerate(ks) if k == 1 and i >= 30]
     gaps = [b - a for a, b in pairwise(probes)]
     assert len(probes) >= 2 and gaps == sorted(gaps) and gaps[-1] > gaps[0]  # 8, 16, 32 ... steps apart
 
@@ -197,8 +197,8 @@ def _every_other_accepted():
 
 def test_a_k_not_run_lately_moves_with_the_machine_speed_instead_of_keeping_its_old_time():
     policy, accepted_of = SpeculationPolicy(k_max=4), _every_other_accepted()
-    _record_at_speed(policy, [1] * 10 + [2, 3, 4] * 2 + [0] * 2 + [1], 1.3, accepted_of)  # a slow minute
-    _record_at_speed(policy, [2] * 10, 0.8, accepted_of)  # then a fast one, at k = 2
+    _record_at_speed(policy, [1, 2] * 10 + [0, 3, 4] * 2 + [1], 1.15, accepted_of)  # a slow minute
+    _record_at_speed(policy, [2] * 10, 0.9, accepted_of)  # then a fast one, at k = 2
     assert policy.next_k() == 1  # k = 1's time from the slow minute would make k = 2 look better
 
 
@@ -271,3 +271,25 @@ def test_the_catch_up_after_steps_off_is_not_counted_as_drafting_overhead():
 
 def test_k_max_zero_never_speculates():
     assert _run(SpeculationPolicy(k_max=0), 5, accepted_of=lambda k: k, verify_s_of=lambda k: MS) == [0] * 5
+
+
+def test_a_k_first_measured_at_a_fast_moment_is_left_after_a_few_steps():
+    policy, accepted_of = SpeculationPolicy(k_max=2), _every_other_accepted()
+    _record_at_speed(policy, [1] * 4 + [0, 1], 1.0, accepted_of)
+    _record_at_speed(policy, [2], 0.6, accepted_of)  # its first step: the machine was fast just then
+    ks = []
+    for _ in range(12):
+        ks.append(policy.next_k())
+        _record_at_speed(policy, ks[-1:], 1.0, accepted_of)
+    assert ks[0] == 2 and ks[-6:].count(1) >= 5  # its next steps tell its cost, not the machine's speed
+
+
+def test_a_drafting_k_that_lost_on_one_slow_step_is_measured_again_and_wins():
+    policy, accepted_of = SpeculationPolicy(k_max=4), _every_other_accepted()
+    _record_at_speed(policy, [1], 1.4, accepted_of)  # k = 1's only step so far was slow
+    _record_at_speed(policy, [0, 4, 3, 2, 1], 1.0, accepted_of)  # a cold request's first steps
+    ks = []
+    for _ in range(40):
+        ks.append(policy.next_k())
+        _record_at_speed(policy, ks[-1:], 1.0, accepted_of)
+    assert ks[:4].count(1) <= 1 and ks[-10:].count(1) >= 8  # k = 1 wins by ~10 % once measured again
