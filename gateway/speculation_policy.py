@@ -14,8 +14,8 @@ whichever k ran then). overhead is the rest of the step's wall time, measured ar
 step in the loop: gRPC round trips, (de)serialisation, the gateway's own work -
 kept apart for steps that draft and steps that do not, because a drafting step adds a round trip to
 the draft service that no forward time shows (on the 2-core CPU: ~4 ms per drafting step against
-~2 ms per target-only step, next to a 14 ms draft forward and a 57 ms verify). All are moving
-averages. Each step takes the k in [0, k_max] with the most committed tokens per second,
+~2 ms per target-only step, next to a 14 ms draft forward and a 57 ms verify), as moving averages.
+Each step takes the k in [0, k_max] with the most committed tokens per second,
 E(k) / t(k), so speculation grows where drafts are accepted and verifies are cheap, shrinks as
 acceptance falls or verifies get expensive, and switches off (k = 0) where it would lose.
 
@@ -26,8 +26,8 @@ tokens it may commit could pay, and from then on its measured times decide. One 
 deviation shorter than estimated (relative to the best k's, as the filter knows them): a k whose
 first step or two were slow gets another try, beside the best k at the same speed (traced: one
 verify at k = 1 of 73 ms, against ~58 usually, sent a cold request to k = 3 for good). A cold
-request thus measures each k that might win. Estimates from the short k (a line through them, or the draft's
-time per token at k = 1) misjudge the long ones: on the 2-core CPU, in one run, a verify took ~62 ms
+request thus measures each k that might win. Estimates from the short k (a line through them, or
+the draft's time per token at k = 1) misjudge the long ones: on the 2-core CPU, in one run, a verify took ~62 ms
 at k = 0, ~58 at k = 1 to 3 and ~70 at k = 4, the draft 17 ms at k = 1 but 24 at k = 2 and 28 at
 k = 3 (its first forward also takes the tokens the last verify committed); and growing one k at a
 time stops at the first k that loses, short of a longer one that wins. A draft's history forgets a
@@ -132,15 +132,13 @@ class _Times:
     filter over the log speed and the log costs.
 
     The speed is shared by all k and drifts (`SPEED_DRIFT` a step), the costs hardly (`COST_DRIFT`),
-    and a step's time jitters (`JITTER`). Kept apart, per-k averages mix up the machine with k: this
-    VM's speed drifts ~15 % over minutes and a step's time jitters ~25 %, so a k measured in a slow
-    minute kept its slow time while the k that ran got faster, and the policy went over to the k
-    measured last (traced: k = 1 at 69 ms from earlier requests against ~58 at k = 2 now, where
-    fixed k = 1 won by 12 %). The filter puts what a step says where it is uncertain: a k measured
-    once or twice learns its cost from its next steps; a well-measured k's steps move the speed,
-    which moves every k's time alike. What it cannot tell apart (a k that only ever runs alone: its
-    cost or the machine?) it leaves uncertain, and `spread` says how much, so another k can be
-    measured beside it."""
+    a step's time jitters (`JITTER`). Per-k averages mixed up the machine with k: a k measured in a
+    slow minute kept its slow time while the k that ran got faster (traced: k = 1 at 69 ms from
+    earlier requests against ~58 at k = 2 now, where fixed k = 1 won by 12 %). The filter puts what
+    a step says where it is uncertain: a k measured once or twice learns its cost from its next
+    steps, a well-measured k's steps move the speed and so every k's time. What it cannot tell
+    apart (a k that runs alone: its cost or the machine?) stays uncertain, and `spread` says how
+    much, so another k can be measured beside it."""
 
     mean: dict[int, float] = field(default_factory=lambda: {SPEED: 0.0})  # log speed, log cost by k
     cov: dict[int, dict[int, float]] = field(default_factory=lambda: {SPEED: {SPEED: 0.0}})
