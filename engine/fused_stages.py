@@ -12,8 +12,8 @@ Per layer, seven kernels around attention instead of a dozen:
                                                          down_proj with the residual fused)
 
 and the LM head as two more (final norm, product). These kernels compute a row as if it were
-alone, so a decode and a verify compute a token's logits alike (attention splits its keys by the
-batch size, so across batch sizes that is not guaranteed yet).
+alone, and with them the engine fixes attention's key ranges (engine/triton_attention.py), so a
+token's logits are the same bits in a decode, a verify, or any batch around it.
 
 Which steps: on CUDA, those captured into graphs (decode, verify, the draft's proposal loop),
 where a kernel costs no host launch; eager forwards (prefill chunks: many rows, compute-bound)

@@ -1,6 +1,7 @@
 """Owns a model and its KV pool; runs one batched forward over several sequences."""
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -110,7 +111,9 @@ class ModelRunner:
             shape.num_layers, shape.num_kv_heads, shape.head_dim, dtype, device,
         )
         self.device = device
-        self.attention = _attention_backend(config.attention_backend, device)
+        # the fused kernels compute a row alike in any step; fixed key ranges make attention do so too
+        fixed_ranges_for = self.max_model_len if config.layer_kernels == "fused" else None
+        self.attention = _attention_backend(config.attention_backend, device, fixed_ranges_for)
         self.num_eager_steps = 0  # forwards that did not replay a graph (prefill chunks, CPU)
         self.graphs: CudaGraphRunner | None = None
         if config.use_compile and device.type == "cuda":
@@ -158,12 +161,15 @@ def kv_tokens_for_memory(free_bytes: int, fraction: float, bytes_per_token: int)
     return int(free_bytes * fraction) // bytes_per_token
 
 
-def _attention_backend(name: str, device: torch.device) -> AttentionFn:
+def _attention_backend(name: str, device: torch.device, fixed_ranges_for: int | None) -> AttentionFn:
+    """`fixed_ranges_for`: a max_model_len to fix the Triton kernel's key ranges for (batch-invariant)."""
     if name == "reference" or (name == "auto" and device.type != "cuda"):
         return paged_attention_reference
-    from engine.triton_attention import paged_attention_triton  # needs triton, only here
+    from engine.triton_attention import paged_attention_triton, split_len_for  # needs triton, only here
 
-    return paged_attention_triton
+    if fixed_ranges_for is None:
+        return paged_attention_triton
+    return functools.partial(paged_attention_triton, split_len=split_len_for(fixed_ranges_for))
 
 
 def _max_model_len(hf_config: object, requested: int | None) -> int:

@@ -6,6 +6,19 @@ One program handles one sequence, one KV head and a tile of BLOCK_Q query tokens
 group. The loop runs over BLOCK_N keys at a time (gathered across pages through the block
 table, so tiles stay large whatever the page size) with an online softmax (flash attention).
 The plain-PyTorch reference is `engine.attention.paged_attention_reference`.
+
+A decode at small batch has too few (sequence, head) tiles to fill the GPU, so each tile's keys
+are split into ranges (flash decoding), each with its own partial softmax, which `combine_splits`
+merges in order. Two ways to cut them:
+
+* `split_len=None`: as many ranges per tile as fill the GPU (up to 16), as long as the context
+  needs: the fastest, but a token's ranges (and so its rounding) depend on its batch and step.
+* `split_len=n` (one constant per engine, `split_len_for(max_model_len)`): ranges of n keys fixed
+  by position. How many programs share a tile's ranges still changes with the batch, but each
+  range is computed alike whichever program takes it, so a token's attention is the same bits in a
+  decode, a verify, a padded graph step or any batch around it: with the row-independent fused
+  layer kernels (engine/fused_stages.py) this keeps bf16 speculative output equal to target-only
+  output. It costs partial results and a combine at every context (bench/tune_attention.py).
 """
 from __future__ import annotations
 
@@ -27,6 +40,7 @@ def _paged_attention_kernel(
     stride_ot, stride_oh,
     stride_bt,
     stride_ps, stride_pt, stride_ph,  # partial outputs [splits, T, H, D] (and lse [splits, T, H] / D)
+    SPLIT_LEN: tl.constexpr,
     GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -35,12 +49,13 @@ def _paged_attention_kernel(
     BLOCK_Q: tl.constexpr,
     BLOCK_M: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
-    NUM_SPLITS: tl.constexpr,
+    PROGRAMS: tl.constexpr,  # programs per (sequence, head, query tile), each a run of its key ranges
+    DIRECT: tl.constexpr,  # one key range is all there can be: write the output, not a partial
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
-    q_tile = tl.program_id(2) // NUM_SPLITS
-    split = tl.program_id(2) % NUM_SPLITS
+    q_tile = tl.program_id(2) // PROGRAMS
+    run = tl.program_id(2) % PROGRAMS
     q_start = tl.load(cu_seqlens_q_ptr + seq)
     num_q = tl.load(cu_seqlens_q_ptr + seq + 1) - q_start
     if q_tile * BLOCK_Q < num_q:
@@ -56,17 +71,23 @@ def _paged_attention_kernel(
             q_ptr + (q_start + q_idx)[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
             mask=row_valid[:, None] & d_valid[None, :], other=0.0,
         )
-        m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-        acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
         # keys past this tile's last query are masked anyway: do not read them
         last_q = tl.minimum((q_tile + 1) * BLOCK_Q, num_q) - 1
         num_keys = context_len - num_q + last_q + 1
-        # split-K: this program takes one of NUM_SPLITS contiguous key ranges (flash decoding)
-        split_len = tl.cdiv(tl.cdiv(num_keys, NUM_SPLITS), BLOCK_N) * BLOCK_N
-        k_begin = split * split_len
-        k_end = tl.minimum(num_keys, k_begin + split_len)
         offs = tl.arange(0, BLOCK_N)
+        row_d_valid = row_valid[:, None] & d_valid[None, :]
+        if SPLIT_LEN > 0:  # fixed ranges: the same for this token in any step
+            split_len = SPLIT_LEN
+        else:  # one range per program, as many as fill the GPU: depends on the batch
+            split_len = tl.cdiv(tl.cdiv(num_keys, PROGRAMS), BLOCK_N) * BLOCK_N
+        # this program's share of the tile's key ranges: a contiguous run, in one pipelined loop
+        num_ranges = tl.cdiv(num_keys, split_len)
+        per_program = tl.cdiv(num_ranges, PROGRAMS)
+        k_begin = run * per_program * split_len
+        k_end = tl.minimum(num_keys, k_begin + per_program * split_len)
+        m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
         for start in range(k_begin, k_end, BLOCK_N):
             # BLOCK_N keys span several pages: gather each key's page from the block table
             k_pos = start + offs
@@ -86,16 +107,40 @@ def _paged_attention_kernel(
             l_i = l_i * alpha + tl.sum(p, axis=1)
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
             m_i = m_new
-        out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
-        row_d_valid = row_valid[:, None] & d_valid[None, :]
-        if NUM_SPLITS == 1:
+            if not DIRECT:
+                # a range ends here: store its partial result and log-sum-exp (-inf: no key visible;
+                # `combine_splits` merges them), and start the next from nothing, as if a fresh program
+                range_done = ((start + BLOCK_N) % split_len == 0) | (start + BLOCK_N >= k_end)
+                part = (start // split_len) * stride_ps + (q_start + q_idx) * stride_pt + head * stride_ph
+                tl.store(part_out_ptr + part[:, None] + d[None, :], acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None],
+                         mask=tl.where(range_done, row_d_valid, False))
+                lse = tl.where(l_i == 0.0, float("-inf"), m_i + tl.log(tl.where(l_i == 0.0, 1.0, l_i)))
+                tl.store(part_lse_ptr + part // stride_ph, lse, mask=tl.where(range_done, row_valid, False))
+                m_i = tl.where(range_done, float("-inf"), m_i)
+                l_i = tl.where(range_done, 0.0, l_i)
+                acc = tl.where(range_done, 0.0, acc)
+        if SPLIT_LEN == 0 and not DIRECT and run >= num_ranges:  # the combine reads every program's slot
+            part = run * stride_ps + (q_start + q_idx) * stride_pt + head * stride_ph
+            tl.store(part_lse_ptr + part // stride_ph, tl.full([BLOCK_M], float("-inf"), tl.float32), mask=row_valid)
+        if DIRECT:  # the only range there can be: the output itself
+            out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
             tl.store(out_ptr + (q_start + q_idx)[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :],
                      out.to(out_ptr.dtype.element_ty), mask=row_d_valid)
-        else:  # partial result and its log-sum-exp; `combine_splits` merges them
-            part = split * stride_ps + (q_start + q_idx) * stride_pt + head * stride_ph
-            tl.store(part_out_ptr + part[:, None] + d[None, :], out, mask=row_d_valid)
-            lse = tl.where(l_i == 0.0, float("-inf"), m_i + tl.log(tl.where(l_i == 0.0, 1.0, l_i)))
-            tl.store(part_lse_ptr + part // stride_ph, lse, mask=row_valid)
+
+
+SPLIT_LEN = 128  # keys per range at most contexts (`split_len_for`); one BLOCK_N tile
+MAX_SPLITS = 64  # ranges a context may have: bounds the partial buffers of a step
+# The fewest query tokens per tile for a step. 8 would give decode (1 query) and verify (k + 1) the
+# same tile shape, in case a row's sums followed it; they do not (bf16 decode vs verify is bit-equal
+# on the H200 with tiles by query count, tests/engine), and 8 costs a decode 2 us a layer.
+STEP_BLOCK_Q = 1
+MAX_FILL_SPLITS = 16  # with split_len None: ranges per tile at most
+COMBINE_BLOCK_S = 16  # ranges the combine loads at once (a fixed number: the sum's order must not vary)
+
+
+def split_len_for(max_model_len: int) -> int:
+    """Keys per range for an engine: the default, or longer where a context would need more ranges."""
+    return max(SPLIT_LEN, triton.next_power_of_2(triton.cdiv(max_model_len, MAX_SPLITS)))
 
 
 def paged_attention_triton(
@@ -107,34 +152,43 @@ def paged_attention_triton(
     block_n: int = 128,  # the best of bench/tune_attention.py's sweep on the H200 for decode and verify
     num_warps: int = 4,
     num_stages: int = 3,
-    num_splits: int | None = None,  # None: enough key splits to fill the GPU
+    split_len: int | None = None,  # keys per range, one constant per engine; None: fill the GPU (see the module doc)
+    programs_per_tile: int | None = None,  # None: enough to fill the GPU; never changes the result
 ) -> torch.Tensor:  # [T, num_heads, head_dim]
     """Asserting host wrapper: every shape, dtype and stride is checked before launch."""
     num_tokens, num_heads, head_dim = q.shape
-    num_blocks, block_size, num_kv_heads, cache_head_dim = k_cache.shape
+    _, block_size, num_kv_heads, cache_head_dim = k_cache.shape
     assert k_cache.shape == v_cache.shape, "K and V caches differ in shape"
     assert q.dtype == k_cache.dtype == v_cache.dtype, "q and caches must share a dtype"
     assert cache_head_dim == head_dim, f"head_dim {head_dim} vs cache {cache_head_dim}"
     assert num_heads % num_kv_heads == 0, f"{num_heads} heads not a multiple of {num_kv_heads} KV heads"
     assert q.stride(-1) == k_cache.stride(-1) == v_cache.stride(-1) == 1, "head_dim must be contiguous"
+    assert split_len is None or split_len % block_n == 0, f"split_len {split_len} is not a multiple of {block_n}"
     num_seqs = batch.context_lens.shape[0]
     assert batch.cu_seqlens_q_t.shape == (num_seqs + 1,) and batch.cu_seqlens_q_t.dtype == torch.int32
     assert batch.context_lens.dtype == torch.int32 and batch.block_tables.dtype == torch.int32
     assert batch.block_tables.shape[0] == num_seqs and batch.block_tables.stride(1) == 1
     assert batch.cu_seqlens_q[-1] == num_tokens, "cu_seqlens_q does not cover q"
+    assert batch.positions.shape == (num_tokens,)
     group = num_heads // num_kv_heads
-    block_q = max(1, min(triton.next_power_of_2(batch.max_num_q), 64 // group))
+    # queries per tile: steps of up to STEP_BLOCK_Q queries (decode, verify) all take the same tile, since
+    # a row's reductions may follow the tile's shape; prefill chunks take tiles as tall as fit
+    block_q = max(1, min(max(STEP_BLOCK_Q, triton.next_power_of_2(batch.max_num_q)), 64 // group))
     block_m = max(16, triton.next_power_of_2(block_q * group))
     out = torch.empty_like(q)
-    num_tiles = num_seqs * num_kv_heads * triton.cdiv(batch.max_num_q, block_q)
-    splits = num_splits or _num_splits(num_tiles, q.device)
-    if splits > 1:
-        part_out = torch.empty((splits, num_tokens, num_heads, head_dim), dtype=torch.float32, device=q.device)
-        part_lse = torch.empty((splits, num_tokens, num_heads), dtype=torch.float32, device=q.device)
+    q_tiles = triton.cdiv(batch.max_num_q, block_q)
+    num_tiles = num_seqs * num_kv_heads * q_tiles
+    if split_len is None:  # a range per program
+        max_splits = programs = programs_per_tile or _programs_per_tile(num_tiles, MAX_FILL_SPLITS, q.device)
+    else:  # the block tables are as wide as the longest context may grow: that many ranges at most
+        max_splits = triton.cdiv(batch.block_tables.shape[1] * block_size, split_len)
+        programs = programs_per_tile or _programs_per_tile(num_tiles, max_splits, q.device)
+    if max_splits > 1:
+        part_out = torch.empty((max_splits, num_tokens, num_heads, head_dim), dtype=torch.float32, device=q.device)
+        part_lse = torch.empty((max_splits, num_tokens, num_heads), dtype=torch.float32, device=q.device)
     else:  # the kernel writes `out` directly and never touches the partial buffers
         part_out = part_lse = torch.empty((1, 1, 1, 1), dtype=torch.float32, device=q.device)
-    grid = (num_seqs, num_kv_heads, triton.cdiv(batch.max_num_q, block_q) * splits)
-    _paged_attention_kernel[grid](
+    _paged_attention_kernel[(num_seqs, num_kv_heads, q_tiles * programs)](
         q, k_cache, v_cache, out, part_out, part_lse,
         batch.block_tables, batch.cu_seqlens_q_t, batch.context_lens,
         scale,
@@ -144,55 +198,77 @@ def paged_attention_triton(
         out.stride(0), out.stride(1),
         batch.block_tables.stride(0),
         part_out.stride(0), part_out.stride(1), part_out.stride(2),
-        GROUP=group, HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim),
+        SPLIT_LEN=split_len or 0, GROUP=group, HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim),
         BLOCK_SIZE=block_size, BLOCK_N=block_n, BLOCK_Q=block_q, BLOCK_M=block_m,
         # float32 models stay exact float32 (no TF32), so greedy output matches the reference
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        NUM_SPLITS=splits,
+        PROGRAMS=programs, DIRECT=max_splits == 1,
         num_warps=num_warps, num_stages=num_stages,
     )
-    return out if splits == 1 else combine_splits(part_out, part_lse, out)
+    return out if max_splits == 1 else combine_splits(part_out, part_lse, batch.positions, split_len or 0, out)
 
 
 @triton.jit
 def _combine_splits_kernel(
-    part_out_ptr, part_lse_ptr, out_ptr, stride_ps, stride_pt, stride_ph, stride_ot, stride_oh,
-    NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    part_out_ptr, part_lse_ptr, positions_ptr, out_ptr, stride_ps, stride_pt, stride_ph, stride_ot, stride_oh,
+    SPLIT_LEN: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
 ):
-    # out = sum_s exp(lse_s - lse) * out_s with lse = log sum_s exp(lse_s), for one (token, head)
+    # out = sum_s exp(lse_s - lse) * out_s / sum_s exp(lse_s - lse), lse = max_s lse_s, for one (token,
+    # head), over the ranges up to the token's own position (the kernel wrote those; later slots may
+    # be stale), BLOCK_S ranges at a time in range order
     token, head = tl.program_id(0), tl.program_id(1)
+    if SPLIT_LEN > 0:
+        num_splits = tl.minimum(tl.load(positions_ptr + token) // SPLIT_LEN + 1, NUM_SPLITS)
+    else:  # a slot per program, each written
+        num_splits = NUM_SPLITS
+    base = token * stride_pt + head * stride_ph
     s = tl.arange(0, BLOCK_S)
     d = tl.arange(0, BLOCK_D)
-    base = s * stride_ps + token * stride_pt + head * stride_ph
-    lse = tl.load(part_lse_ptr + base // stride_ph, mask=s < NUM_SPLITS, other=float("-inf"))
-    max_lse = tl.max(lse, axis=0)
-    weights = tl.exp(lse - tl.where(max_lse == float("-inf"), 0.0, max_lse))
-    parts = tl.load(part_out_ptr + base[:, None] + d[None, :], mask=(s < NUM_SPLITS)[:, None] & (d < HEAD_DIM)[None, :],
-                    other=0.0)
-    out = tl.sum(weights[:, None] * parts, axis=0) / tl.maximum(tl.sum(weights, axis=0), 1e-30)
+    max_lse = tl.full([BLOCK_S], float("-inf"), dtype=tl.float32)
+    for first in range(0, num_splits, BLOCK_S):
+        lse = tl.load(part_lse_ptr + (base + (first + s) * stride_ps) // stride_ph, mask=first + s < num_splits,
+                      other=float("-inf"))
+        max_lse = tl.maximum(max_lse, lse)
+    top = tl.max(max_lse, axis=0)
+    top = tl.where(top == float("-inf"), 0.0, top)
+    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+    total = tl.zeros([1], dtype=tl.float32)
+    for first in range(0, num_splits, BLOCK_S):
+        valid = first + s < num_splits
+        lse = tl.load(part_lse_ptr + (base + (first + s) * stride_ps) // stride_ph, mask=valid, other=float("-inf"))
+        weights = tl.exp(lse - top)
+        seen = valid & (lse > float("-inf"))  # a range that saw no key may have left its output unwritten
+        parts = tl.load(part_out_ptr + base + (first + s)[:, None] * stride_ps + d[None, :],
+                        mask=seen[:, None] & (d < HEAD_DIM)[None, :], other=0.0)
+        acc += tl.sum(weights[:, None] * parts, axis=0)
+        total += tl.sum(weights, axis=0)
+    out = acc / tl.maximum(total, 1e-30)
     tl.store(out_ptr + token * stride_ot + head * stride_oh + d, out.to(out_ptr.dtype.element_ty), mask=d < HEAD_DIM)
 
 
 def combine_splits(
-    part_out: torch.Tensor,  # [splits, T, H, D] each split's softmax-normalized output
-    part_lse: torch.Tensor,  # [splits, T, H] each split's log-sum-exp (-inf: the split saw no key)
+    part_out: torch.Tensor,  # [splits, T, H, D] each range's softmax-normalized output
+    part_lse: torch.Tensor,  # [splits, T, H] each range's log-sum-exp (-inf: the range saw no key)
+    positions: torch.Tensor,  # [T] each token's position: it reads ranges 0 .. position // split_len
+    split_len: int,  # 0: every slot (a range per program)
     out: torch.Tensor,  # [T, H, D] written
 ) -> torch.Tensor:
     splits, num_tokens, num_heads, head_dim = part_out.shape
     assert part_out.is_contiguous() and part_lse.is_contiguous() and part_lse.shape == part_out.shape[:3]
-    assert out.shape == part_out.shape[1:] and out.stride(-1) == 1
+    assert out.shape == part_out.shape[1:] and out.stride(-1) == 1 and positions.shape == (num_tokens,)
     _combine_splits_kernel[(num_tokens, num_heads)](
-        part_out, part_lse, out, part_out.stride(0), part_out.stride(1), part_out.stride(2),
+        part_out, part_lse, positions, out, part_out.stride(0), part_out.stride(1), part_out.stride(2),
         out.stride(0), out.stride(1),
-        NUM_SPLITS=splits, BLOCK_S=triton.next_power_of_2(splits), HEAD_DIM=head_dim,
+        SPLIT_LEN=split_len, NUM_SPLITS=splits, BLOCK_S=COMBINE_BLOCK_S, HEAD_DIM=head_dim,
         BLOCK_D=triton.next_power_of_2(head_dim),
     )
     return out
 
 
-def _num_splits(num_tiles: int, device: torch.device) -> int:
-    """Key splits so that about two programs per SM run (decode at small batch has too few)."""
+def _programs_per_tile(num_tiles: int, max_splits: int, device: torch.device) -> int:
+    """About two programs per SM (a decode at small batch has few tiles); one on the CPU interpreter."""
     if device.type != "cuda":
         return 1
     target = 2 * torch.cuda.get_device_properties(device).multi_processor_count
-    return max(1, min(16, target // num_tiles))
+    return max(1, min(max_splits, target // num_tiles))
