@@ -9,9 +9,9 @@ verify(k) is the target's forward over k + 1 tokens and draft(k) the draft's for
 tokens, both as the services report them with every answer (so they reflect the target's current
 batch load: a verify of k + 1 tokens costs about one decode step on a GPU at small batch, and much
 more on a CPU or a busy GPU), each kept as a cost by k times a speed that all k share, followed by
-a Kalman filter (`_Times`: the machine's drift and a step's jitter move every k alike instead of
-whichever k ran then). overhead is the rest of the step's wall time, measured around the whole
-step in the loop: gRPC round trips, (de)serialisation, the gateway's own work -
+a Kalman filter (gateway/forward_times.py: the machine's drift and a step's jitter move every k
+alike instead of whichever k ran then). overhead is the rest of the step's wall time, measured
+around the whole step in the loop: gRPC round trips, (de)serialisation, the gateway's own work -
 kept apart for steps that draft and steps that do not, because a drafting step adds a round trip to
 the draft service that no forward time shows (on the 2-core CPU: ~4 ms per drafting step against
 ~2 ms per target-only step, next to a 14 ms draft forward and a 57 ms verify), as moving averages.
@@ -74,15 +74,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from gateway.forward_times import ForwardTimes
+
 ACCEPTANCE_PRIOR = 0.5  # modest: a cold request drafts (k = 1) but must measure before it grows
 PRIOR_TRIALS = 2  # what the prior counts for, in draft positions: a few steps overrule it
 SEED_TRIALS = 8  # what a draft's history counts for in a new request (its prompt may differ)
 ACCEPTANCE_MEMORY = 32  # draft positions a request's acceptance remembers
 START_OPTIMISM = 1.5  # prompts' acceptance varies around their draft's average (CPU, greedy: 0.22-0.6)
 RPC_PRIOR_S = 2e-4  # the extra round trip of a drafting step before one is measured (loopback)
-JITTER = 0.2  # of a forward's log time, step to step (2-core VM: p10-p90 about -25 % to +25 %)
-SPEED_DRIFT = 1e-3  # variance a step of the log speed shared by all k (the machine, a GPU's load)
-COST_DRIFT = 1e-4  # variance a step of a k's log cost (a GPU's batch makes long verifies dearer)
 REMEASURE_EVERY = 8  # drafting steps: one in this many may measure another drafting k again
 
 
@@ -123,70 +122,6 @@ class _Acceptance:
             self.num_accepted, self.num_trials = self.num_accepted * fade, self.memory
 
 
-SPEED = -1  # _Times' index of the speed, next to the costs' (k >= 0)
-
-
-@dataclass
-class _Times:
-    """A forward's time by k: log time(k) = log speed + log cost(k) + jitter, followed by a Kalman
-    filter over the log speed and the log costs.
-
-    The speed is shared by all k and drifts (`SPEED_DRIFT` a step), the costs hardly (`COST_DRIFT`),
-    a step's time jitters (`JITTER`). Per-k averages mixed up the machine with k: a k measured in a
-    slow minute kept its slow time while the k that ran got faster (traced: k = 1 at 69 ms from
-    earlier requests against ~58 at k = 2 now, where fixed k = 1 won by 12 %). The filter puts what
-    a step says where it is uncertain: a k measured once or twice learns its cost from its next
-    steps, a well-measured k's steps move the speed and so every k's time. What it cannot tell
-    apart (a k that runs alone: its cost or the machine?) stays uncertain, and `spread` says how
-    much, so another k can be measured beside it."""
-
-    mean: dict[int, float] = field(default_factory=lambda: {SPEED: 0.0})  # log speed, log cost by k
-    cov: dict[int, dict[int, float]] = field(default_factory=lambda: {SPEED: {SPEED: 0.0}})
-
-    def add(self, k: int, seconds: float) -> None:
-        if seconds <= 0:
-            return
-        for i in self.cov:
-            self.cov[i][i] += SPEED_DRIFT if i == SPEED else COST_DRIFT
-        y = math.log(seconds)
-        if k not in self.mean:  # the cost this step says, as uncertain as the speed, plus its jitter
-            self.mean[k] = y - self.mean[SPEED]
-            for i in self.cov:
-                self.cov[i][k] = -self.cov[i][SPEED]
-            self.cov[k] = {i: self.cov[i][k] for i in self.cov}
-            self.cov[k][k] = self.cov[SPEED][SPEED] + JITTER**2
-            return
-        # y = log speed + log cost(k) + jitter: h = e_speed + e_k
-        h_cov = {j: self.cov[SPEED][j] + self.cov[k][j] for j in self.cov}  # h . cov
-        variance = h_cov[SPEED] + h_cov[k] + JITTER**2
-        innovation = y - self.mean[SPEED] - self.mean[k]
-        gains = {i: h_cov[i] / variance for i in self.cov}
-        for i, gain in gains.items():
-            self.mean[i] += gain * innovation
-            for j in self.cov:
-                self.cov[i][j] -= gain * h_cov[j]
-
-    def by_k(self) -> dict[int, float]:
-        return {k: math.exp(self.mean[SPEED] + m) for k, m in self.mean.items() if k != SPEED}
-
-    def spread(self, k: int, other: int) -> float:
-        """The standard deviation of log(time(k) / time(other)); 0 where either was not measured."""
-        if k not in self.mean or other not in self.mean:
-            return 0.0
-        return math.sqrt(max(self.cov[k][k] + self.cov[other][other] - 2 * self.cov[k][other], 0.0))
-
-    def forget(self, k: int) -> None:
-        if k in self.mean:
-            del self.mean[k], self.cov[k]
-            for row in self.cov.values():
-                del row[k]
-
-    def start_at(self, other: _Times, k_max: int) -> None:
-        kept = [i for i in other.mean if i <= k_max]
-        self.mean = {i: other.mean[i] for i in kept}
-        self.cov = {i: {j: other.cov[i][j] for j in kept} for i in kept}
-
-
 @dataclass
 class _Estimates:
     """What steps measured: acceptance, and the three parts of a step's wall time, the two forward
@@ -197,14 +132,14 @@ class _Estimates:
     weight: float  # of the newest step in the overhead averages
     acceptance: _Acceptance
     forget_after: int | None = None  # steps; None: never
-    verify_s: _Times = field(init=False)  # by k
-    draft_s: _Times = field(init=False)  # by k > 0, of steps that paid no catch-up
+    verify_s: ForwardTimes = field(init=False)  # by k
+    draft_s: ForwardTimes = field(init=False)  # by k > 0, of steps that paid no catch-up
     overhead_s: dict[bool, _Average] = field(init=False)  # by whether the step drafted
     num_steps: int = field(default=0, init=False)
     _last_step: dict[int, int] = field(default_factory=dict, init=False)  # by k: when last measured
 
     def __post_init__(self) -> None:
-        self.verify_s, self.draft_s = _Times(), _Times()
+        self.verify_s, self.draft_s = ForwardTimes(), ForwardTimes()
         self.overhead_s = {False: _Average(self.weight), True: _Average(self.weight)}
 
     def seed(self, other: _Estimates, k_max: int) -> None:
@@ -366,7 +301,7 @@ class SpeculationPolicy:
 
     def _runner_up(self, best: int) -> int:
         """The drafting k that would beat `best` if its times relative to best's were one standard
-        deviation (`_Times.spread`) shorter than estimated, else `best`. Measured beside `best`, at
+        deviation (`ForwardTimes.spread`) shorter than estimated, else `best`. Measured beside `best`, at
         the same speed, a k that lost on a slow step or two gets its due; one that lost on many is
         not tried again. It costs at most one step in REMEASURE_EVERY, each by about a spread."""
         rate = self._tokens_per_s(best, self.acceptance)
