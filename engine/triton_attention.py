@@ -171,8 +171,7 @@ def paged_attention_triton(
     assert batch.cu_seqlens_q[-1] == num_tokens, "cu_seqlens_q does not cover q"
     assert batch.positions.shape == (num_tokens,)
     group = num_heads // num_kv_heads
-    # queries per tile: steps of up to STEP_BLOCK_Q queries (decode, verify) all take the same tile, since
-    # a row's reductions may follow the tile's shape; prefill chunks take tiles as tall as fit
+    # queries per tile: as many as the step's longest query run (at least STEP_BLOCK_Q), as many as fit
     block_q = max(1, min(max(STEP_BLOCK_Q, triton.next_power_of_2(batch.max_num_q)), 64 // group))
     block_m = max(16, triton.next_power_of_2(block_q * group))
     out = torch.empty_like(q)

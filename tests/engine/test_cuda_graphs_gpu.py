@@ -70,7 +70,8 @@ def test_fused_kernels_give_a_token_the_same_logits_in_any_step(model_dirs):
         return kv
 
     alone = open_sequence(prompt)
-    decoded = torch.cat([runner.forward([StepInput(alone, [t], 1)])[0].clone() for t in tokens])  # graph outputs are reused
+    # .clone(): a replay's logits are a view of the graph's output, which the next replay overwrites
+    decoded = torch.cat([runner.forward([StepInput(alone, [t], 1)])[0].clone() for t in tokens])
     verified_kv = open_sequence(prompt)
     [verified] = runner.forward([StepInput(verified_kv, tokens, len(tokens))])
     crowded_kv, short, long = open_sequence(prompt), open_sequence(prompt[:30]), open_sequence(prompt[:90] * 2)
