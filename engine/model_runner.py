@@ -116,12 +116,14 @@ class ModelRunner:
         self.attention = _attention_backend(config.attention_backend, device, fixed_ranges_for)
         self.num_eager_steps = 0  # forwards that did not replay a graph (prefill chunks, CPU)
         self.graphs: CudaGraphRunner | None = None
+        self.batch_invariant = config.layer_kernels == "fused"  # see forward_groups
+        self._graph_config = GraphConfig()
         if config.use_compile and device.type == "cuda":
             self.model.compile_stages()
         if config.layer_kernels == "fused":
             self.model.use_fused_kernels()
         if config.use_cuda_graphs and device.type == "cuda":
-            self.graphs = CudaGraphRunner(self.model, self.kv, self.attention, self.max_model_len, GraphConfig(),
+            self.graphs = CudaGraphRunner(self.model, self.kv, self.attention, self.max_model_len, self._graph_config,
                                           device)
             self.graphs.capture_all()
         self.description = ModelDescription(
@@ -154,6 +156,35 @@ class ModelRunner:
         for step in steps:
             step.kv.commit(len(step.token_ids))
         return per_step
+
+    def forward_groups(self, steps: list[StepInput]) -> list[list[int]]:
+        """Which of `steps` to run in one forward together, as index lists in order.
+
+        Batch-invariant (fused kernels): short steps (decodes, verifies) share forwards the fused
+        kernels take (CUDA graphs; on CPU, forwards of up to CPU_MAX_ROWS rows), where each row is
+        computed as if alone; a longer step (a prefill chunk) runs alone, so its rows' products depend
+        on that step only. Otherwise all in one forward.
+        """
+        if not self.batch_invariant:
+            return [list(range(len(steps)))]
+        from engine.fused_stages import CPU_MAX_ROWS  # needs triton, as the fused kernels do
+
+        max_tokens, max_steps = self._graph_config.query_buckets[-1], self._graph_config.batch_buckets[-1]
+        max_rows = CPU_MAX_ROWS if self.device.type == "cpu" else max_steps * max_tokens
+        groups: list[list[int]] = []
+        long: list[list[int]] = []
+        rows = 0
+        for i, step in enumerate(steps):
+            n = len(step.token_ids)
+            if n > max_tokens:
+                long.append([i])
+                continue
+            if not groups or len(groups[-1]) == max_steps or rows + n > max_rows:
+                groups.append([])
+                rows = 0
+            groups[-1].append(i)
+            rows += n
+        return groups + long
 
 
 def kv_tokens_for_memory(free_bytes: int, fraction: float, bytes_per_token: int) -> int:

@@ -5,7 +5,9 @@ which is fed at the head of the next verify (so a verify of k drafts is one k+1-
 
 Each engine iteration runs one forward over every ready job: verifies first (they are short and
 latency-bound), then prefill chunks up to the iteration's token budget, so a long prompt is
-prefilled over several iterations while other requests keep verifying.
+prefilled over several iterations while other requests keep verifying. A batch-invariant runner
+(fused kernels) splits the iteration into its forward groups instead: the verifies together, each
+prefill chunk alone, so no token's logits depend on which other requests were running.
 """
 from __future__ import annotations
 
@@ -139,15 +141,19 @@ class TargetEngine:
         self.admission.retire(seq.num_promised_blocks)
 
     def _process(self, jobs: list[_Job]) -> list[_Outcome | Exception | None]:
-        """Worker thread: one forward over the verifies, then prefill chunks within the budget.
+        """Worker thread: the verifies, then prefill chunks within the budget, in the runner's forwards.
 
         A prefill whose prompt is not finished by this iteration's chunk returns None (run again).
+        Batch-invariant runners (ModelRunner.forward_groups) get prefill chunks cut at multiples of the
+        budget whatever else is waiting, so a prompt token's products never depend on other requests.
         """
         results: list[_Outcome | Exception | None] = [None] * len(jobs)
         steps: dict[int, StepInput] = {}
         budget = self.config.max_num_batched_tokens
+        chunk_multiple = self.config.max_num_batched_tokens if self.runner.batch_invariant else None
+        prefilling = False
         for i in sorted(range(len(jobs)), key=lambda i: jobs[i].draft_ids is None):  # verifies first
-            step = _step_input(jobs[i], budget)
+            step = _step_input(jobs[i], budget, chunk_multiple, first_prefill=not prefilling)
             if step is None:
                 continue  # no budget left: the prefill waits for the next iteration
             if step.kv.is_released:
@@ -155,17 +161,19 @@ class TargetEngine:
                 continue
             steps[i] = step
             budget -= len(step.token_ids)
-        if not steps:
-            return results
-        start = time.perf_counter_ns()
-        logits = self.runner.forward(list(steps.values()))
-        committed = {i: _commit(jobs[i], step_logits)  # a finished prefill or a verify; reading waits for the GPU
-                     for (i, step), step_logits in zip(steps.items(), logits) if step.num_logits}
-        timing = StepTiming(time.perf_counter_ns() - start, len(steps))
-        self.num_forwards += 1
-        self.num_sequence_steps += len(steps)
-        for i, verification in committed.items():
-            results[i] = _Outcome(verification, timing)
+            prefilling |= jobs[i].draft_ids is None
+        indices = list(steps)
+        for group in self.runner.forward_groups(list(steps.values())):
+            group_steps = [steps[indices[g]] for g in group]
+            start = time.perf_counter_ns()
+            logits = self.runner.forward(group_steps)
+            committed = {indices[g]: _commit(jobs[indices[g]], step_logits)  # reading waits for the GPU
+                         for g, step, step_logits in zip(group, group_steps, logits) if step.num_logits}
+            timing = StepTiming(time.perf_counter_ns() - start, len(group))
+            self.num_forwards += 1
+            self.num_sequence_steps += len(group)
+            for i, verification in committed.items():
+                results[i] = _Outcome(verification, timing)
         return results
 
 
@@ -173,15 +181,23 @@ def _phase(job: _Job) -> str:
     return "prefill" if job.draft_ids is None else "verify"
 
 
-def _step_input(job: _Job, budget: int) -> StepInput | None:
+def _step_input(job: _Job, budget: int, chunk_multiple: int | None, first_prefill: bool) -> StepInput | None:
+    """The job's step this iteration, or None to wait. A prefill takes what the budget leaves or, with
+    `chunk_multiple`, the tokens up to the next multiple of it: once they fit, or as the iteration's
+    first prefill (so a prompt always moves on)."""
     seq = job.seq
     if job.draft_ids is not None:  # verifies always run (admission promised their blocks)
         return StepInput(seq.kv, [seq.token_ids[-1], *job.draft_ids], num_logits=len(job.draft_ids) + 1)
-    if budget <= 0:
-        return None
-    chunk = seq.token_ids[seq.kv.num_tokens:seq.kv.num_tokens + budget]
-    is_last = seq.kv.num_tokens + len(chunk) == len(seq.token_ids)
-    return StepInput(seq.kv, chunk, num_logits=1 if is_last else 0)
+    start = seq.kv.num_tokens
+    if chunk_multiple is None:
+        if budget <= 0:
+            return None
+        end = min(start + budget, len(seq.token_ids))
+    else:
+        end = min((start // chunk_multiple + 1) * chunk_multiple, len(seq.token_ids))
+        if end - start > budget and not first_prefill:
+            return None
+    return StepInput(seq.kv, seq.token_ids[start:end], num_logits=1 if end == len(seq.token_ids) else 0)
 
 
 def _commit(job: _Job, logits: torch.Tensor) -> Verification:

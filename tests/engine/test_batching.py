@@ -3,9 +3,12 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+import torch
+
 from engine.model_drafter import ModelDrafter
 from engine.model_runner import ModelRunner, RuntimeConfig
-from engine.target_engine import TargetEngine
+from engine.target_engine import TargetEngine, TargetEngineConfig
 
 PROMPTS = [[5, 6, 7], list(range(20, 41)), [9], list(range(100, 108))]
 
@@ -93,8 +96,6 @@ def test_draft_proposals_equal_greedy_continuation_of_the_target_when_identical(
 def test_long_prefill_is_chunked_and_gives_the_same_tokens(model_dirs):
     """With a 8-token budget a 30-token prompt takes several iterations while another request
     keeps verifying; the tokens equal those of an unchunked engine."""
-    from engine.target_engine import TargetEngineConfig
-
     prompt, other = list(range(40, 70)), [5, 6, 7]
 
     async def run(config: TargetEngineConfig):
@@ -119,3 +120,56 @@ def test_long_prefill_is_chunked_and_gives_the_same_tokens(model_dirs):
     whole = asyncio.run(run(TargetEngineConfig(max_num_batched_tokens=2048)))
     assert chunked[:3] == whole[:3]
     assert (chunked[3], whole[3]) == (4, 1)  # 30 prompt tokens in chunks of 8, or in one forward
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_fused_engine_computes_a_request_alike_beside_another_prefill(model_dirs, device):
+    """--layer-kernels fused: a verify gets the same logits, bit for bit, alone or in an engine
+    iteration that also prefills another request's long prompt; and that prompt's first token gets
+    the same logits as when it is prefilled alone (chunks cut at multiples of the budget, each chunk
+    in a forward of its own: ModelRunner.forward_groups)."""
+    runner = ModelRunner(RuntimeConfig(model=str(model_dirs["target"]), device=device, kv_cache_tokens=2048,
+                                       layer_kernels="fused", attention_backend="triton"))
+    recorded: dict[tuple[int, ...], list[torch.Tensor]] = {}
+    forward = runner.forward
+
+    def recording_forward(steps):
+        out = forward(steps)
+        for step, logits in zip(steps, out):
+            if step.num_logits:
+                recorded.setdefault(tuple(step.token_ids), []).append(logits.clone())
+        return out
+
+    runner.forward = recording_forward
+    phases: list[str] = []
+
+    class Phases:
+        def observe_forward(self, phase: str, batch_size: int, duration_s: float) -> None:
+            phases.append(phase)
+
+    prompt, long_prompt, drafts = list(range(30, 50)), list(range(100, 170)), [7, 8, 9]
+
+    async def main():
+        engine = TargetEngine(runner, TargetEngineConfig(max_num_batched_tokens=32))
+        engine.observe_forwards(Phases())
+        engine.start()
+        alone, _, _ = await engine.prefill(prompt, 16)
+        await engine.verify(alone, drafts)
+        long_alone, long_first, _ = await engine.prefill(long_prompt, 4)
+        crowded, _, _ = await engine.prefill(prompt, 16)
+        phases.clear()
+        (long_crowded, long_first_crowded, _), _ = await asyncio.gather(  # one iteration: see phases
+            engine.prefill(long_prompt, 4), engine.verify(crowded, drafts))
+        for seq in (alone, long_alone, crowded, long_crowded):
+            engine.release(seq)
+        await engine.stop()
+        return long_first, long_first_crowded
+
+    firsts = asyncio.run(main())
+    assert "mixed" in phases  # the verify and a prefill chunk were in one iteration
+    verify_key = next(k for k in recorded if k[1:] == tuple(drafts))
+    long_key = tuple(long_prompt[64:])  # the last chunk: tokens 64..69 (budget 32)
+    for key in (verify_key, long_key):
+        first, second = recorded[key]
+        assert torch.equal(first, second), f"{key}: max |difference| {(first - second).abs().max()}"
+    assert firsts[0] == firsts[1]
