@@ -9,7 +9,7 @@ Random-weight Llama-3.1-8B-shape target and Llama-3.2-1B-shape draft, bf16, driv
   * hf_static: HF transformers generate() with its static cache (auto-compiled), same shapes.
 Writes bench/results/gpu_e2e.json. `--tiny` runs the same flow with tiny models on the CPU (a check
 of the script, no meaningful numbers).
-Usage: python bench/gpu_e2e.py [--tiny] [--skip-hf] [--layer-kernels reference|fused] [--out PATH]
+Usage: python bench/gpu_e2e.py [--tiny] [--skip-hf] [--layer-kernels auto|fused|reference] [--out PATH]
 """
 from __future__ import annotations
 
@@ -115,7 +115,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tiny", action="store_true", help="tiny models on the CPU: checks the script only")
     parser.add_argument("--skip-hf", action="store_true")
-    parser.add_argument("--layer-kernels", choices=["reference", "fused"], default="reference",
+    parser.add_argument("--layer-kernels", choices=["auto", "fused", "reference"], default="auto",
                         help="both model services' layer kernels (--layer-kernels of the services)")
     parser.add_argument("--prompt-tokens", type=int, default=128)
     parser.add_argument("--max-new-tokens", type=int, default=128)

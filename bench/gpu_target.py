@@ -2,7 +2,7 @@
 
 Ours (paged KV, Triton attention, CUDA graphs per bucket) vs HF transformers (static cache +
 torch.compile) in the same run, against the weight-streaming floor. Writes bench/results/gpu_target.json.
-Usage: python bench/gpu_target.py [--layer-kernels reference|fused] [--skip-hf] [--profile] [--out PATH]
+Usage: python bench/gpu_target.py [--layer-kernels auto|fused|reference] [--skip-hf] [--profile] [--out PATH]
 """
 from __future__ import annotations
 
@@ -136,7 +136,7 @@ def hf_static_ms(model) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--skip-hf", action="store_true")
-    parser.add_argument("--layer-kernels", choices=["reference", "fused"], default="reference",
+    parser.add_argument("--layer-kernels", choices=["auto", "fused", "reference"], default="auto",
                         help="the target's layer kernels (engine/model_runner.RuntimeConfig.layer_kernels)")
     parser.add_argument("--profile", action="store_true", help="print the kernels of a bs1 decode and verify replay")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "gpu_target.json")

@@ -17,8 +17,11 @@ token's logits are the same bits in a decode, a verify, or any batch around it.
 
 Which steps: on CUDA, those captured into graphs (decode, verify, the draft's proposal loop),
 where a kernel costs no host launch; eager forwards (prefill chunks: many rows, compute-bound)
-take the fallback stages (compiled PyTorch, cuBLAS). On CPU (the interpreter, for tests) steps of
-up to `CPU_MAX_ROWS` rows.
+take the fallback stages (compiled PyTorch, cuBLAS). `max_rows` (--layer-kernels auto) keeps larger
+graph steps on the fallback too: the skinny products read W once per 16 rows, so past 16 rows
+cuBLAS wins (H200, bench/results/gpu_target_fused.json: verify tok/s at batch 8/32 (40/160 rows)
+4401/6170 against cuBLAS's 6554/21512) and only batch invariance argues for them. On
+CPU (the interpreter, for tests) steps of up to `CPU_MAX_ROWS` rows.
 """
 from __future__ import annotations
 
@@ -30,23 +33,25 @@ from engine.triton_norm import rms_norm_triton
 from engine.triton_rope import rope_and_write_kv
 
 CPU_MAX_ROWS = 16
+AUTO_MAX_ROWS = 16  # one row tile of the skinny linear (engine/triton_linear.py)
 
 
 class FusedStages(LayerStages):
     """`fallback`'s stages (the inherited methods) for the steps the kernels do not take."""
 
-    def __init__(self, fallback: LayerStages) -> None:
+    def __init__(self, fallback: LayerStages, max_rows: int | None) -> None:
         super().__init__(fallback.pre_attention, fallback.post_attention)
+        self.max_rows = max_rows  # None: every graph step
 
     def attention_inputs(self, layer: DecoderLayer, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                          k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> torch.Tensor:
-        if not _is_fused_step(hidden):
+        if not self._is_fused_step(hidden):
             return super().attention_inputs(layer, hidden, cos, sin, k_cache, v_cache, slot_mapping)
         qkv = skinny_linear(rms_norm_triton(hidden, layer.input_norm, layer.eps), layer.qkv.weight, layer.qkv.bias)
         return rope_and_write_kv(qkv, cos, sin, k_cache, v_cache, slot_mapping, layer.shape)
 
     def attention_output(self, layer: DecoderLayer, hidden: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
-        if not _is_fused_step(hidden):
+        if not self._is_fused_step(hidden):
             return super().attention_output(layer, hidden, attn)
         hidden = skinny_linear(attn.flatten(1), layer.o_proj.weight, layer.o_proj.bias, residual=hidden)
         x = rms_norm_triton(hidden, layer.post_attention_norm, layer.eps)
@@ -54,13 +59,12 @@ class FusedStages(LayerStages):
         return skinny_linear(act, layer.down_proj.weight, layer.down_proj.bias, residual=hidden)
 
     def logits(self, model: CausalLM, hidden: torch.Tensor) -> torch.Tensor:
-        if not _is_fused_step(hidden):
+        if not self._is_fused_step(hidden):
             return super().logits(model, hidden)
         x = rms_norm_triton(hidden, model.norm, model.eps)
         return skinny_linear(x, model.lm_head.weight, model.lm_head.bias).float()
 
-
-def _is_fused_step(hidden: torch.Tensor) -> bool:
-    if hidden.is_cuda:
-        return torch.cuda.is_current_stream_capturing()
-    return hidden.shape[0] <= CPU_MAX_ROWS
+    def _is_fused_step(self, hidden: torch.Tensor) -> bool:
+        if not hidden.is_cuda:
+            return hidden.shape[0] <= CPU_MAX_ROWS
+        return torch.cuda.is_current_stream_capturing() and (self.max_rows is None or hidden.shape[0] <= self.max_rows)

@@ -171,12 +171,12 @@ class CausalLM(nn.Module):
         """Fuses each layer's norms, rotary, residuals and activation with torch.compile (GPU)."""
         self.stages = self.stages.compiled()
 
-    def use_fused_kernels(self) -> None:
-        """CUDA-graph steps (decode, verify, draft loops) run engine.fused_stages' Triton kernels;
-        call after compile_stages (eager steps keep the compiled stages)."""
+    def use_fused_kernels(self, max_rows: int | None) -> None:
+        """CUDA-graph steps (decode, verify, draft loops) of up to `max_rows` rows (None: all) run
+        engine.fused_stages' Triton kernels; call after compile_stages (other steps keep those)."""
         from engine.fused_stages import FusedStages  # needs triton, only here
 
-        self.stages = FusedStages(self.stages)
+        self.stages = FusedStages(self.stages, max_rows)
 
     @torch.inference_mode()
     def forward(

@@ -35,9 +35,11 @@ class RuntimeConfig:
     kv_cache_memory_fraction: float | None = None  # CUDA: size the pool from free memory instead
     kv_block_size: int = 16
     attention_backend: str = "auto"  # "triton" | "reference"; auto: triton on CUDA, reference on CPU
-    # "fused": decode/verify steps (CUDA graphs; on CPU, steps of up to 16 rows) run
-    # engine/fused_stages.py's Triton kernels; "reference": PyTorch ops (torch.compile'd on CUDA)
-    layer_kernels: str = "reference"
+    # "fused": every decode/verify step (CUDA graphs; on CPU, steps of up to 16 rows) runs
+    # engine/fused_stages.py's Triton kernels, batch-invariant (forward_groups); "auto": CUDA graph steps of
+    # up to fused_stages.AUTO_MAX_ROWS rows take them (latency-bound), larger ones and CPU take
+    # "reference": PyTorch ops (torch.compile'd on CUDA; cuBLAS)
+    layer_kernels: str = "auto"
     use_cuda_graphs: bool = True  # decode/verify steps replay captured graphs (CUDA only)
     use_compile: bool = True  # torch.compile each layer's element-wise stages (CUDA only)
     quantize: str = "none"  # "int8": weight-only int8 linears (CPU; for drafts: engine/linear.Int8Linear)
@@ -56,8 +58,8 @@ class RuntimeConfig:
             raise ValueError(f"quantize must be 'none' or 'int8', got {self.quantize!r}")
         if self.quantize == "int8" and self.device != "cpu":
             raise ValueError("int8 weights run on CPU only (--quantize none on GPUs)")
-        if self.layer_kernels not in ("fused", "reference"):
-            raise ValueError(f"layer_kernels must be fused or reference, got {self.layer_kernels!r}")
+        if self.layer_kernels not in ("auto", "fused", "reference"):
+            raise ValueError(f"layer_kernels must be auto, fused or reference, got {self.layer_kernels!r}")
         if self.layer_kernels == "fused" and self.quantize != "none":
             raise ValueError("fused layer kernels run unquantized weights (--quantize none)")
         if self.attention_backend not in ("auto", "triton", "reference"):
@@ -121,7 +123,11 @@ class ModelRunner:
         if config.use_compile and device.type == "cuda":
             self.model.compile_stages()
         if config.layer_kernels == "fused":
-            self.model.use_fused_kernels()
+            self.model.use_fused_kernels(max_rows=None)
+        elif config.layer_kernels == "auto" and device.type == "cuda" and config.quantize == "none":
+            from engine.fused_stages import AUTO_MAX_ROWS  # needs triton, only here
+
+            self.model.use_fused_kernels(max_rows=AUTO_MAX_ROWS)
         if config.use_cuda_graphs and device.type == "cuda":
             self.graphs = CudaGraphRunner(self.model, self.kv, self.attention, self.max_model_len, self._graph_config,
                                           device)

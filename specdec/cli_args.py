@@ -41,8 +41,9 @@ def add_runtime_args(parser: argparse.ArgumentParser, prefix: str, default_model
                         help="CUDA: give the KV pool this fraction of the free memory (overrides --kv-cache-tokens)")
     parser.add_argument("--attention-backend", choices=["auto", "triton", "reference"],
                         default=env("attention_backend", "auto"), help="auto: triton on CUDA, reference on CPU")
-    parser.add_argument("--layer-kernels", choices=["reference", "fused"], default=env("layer_kernels", "reference"),
-                        help="fused: CUDA-graph steps run engine/fused_stages.py's Triton kernels (see docs)")
+    parser.add_argument("--layer-kernels", choices=["auto", "fused", "reference"], default=env("layer_kernels", "auto"),
+                        help="auto: CUDA-graph steps of up to 16 rows run engine/fused_stages.py's Triton kernels, "
+                             "larger ones cuBLAS; fused: all graph steps, batch-invariant; reference: none (see docs)")
     parser.add_argument("--max-batch-size", type=int, default=env("max_batch_size", 64))
     parser.add_argument("--num-threads", type=int, default=env("num_threads", None), help="torch CPU threads")
 
