@@ -5,7 +5,7 @@ bench/gpu_e2e.py does, and drives `Generate` over gRPC with 1 and 8 concurrent s
 configuration it reports the step time a request sees (its time / its verify steps), the service
 forward times per step (from the final stats chunk), their difference (`overhead_ms`: gRPC, the
 gateway, the batching loops), and the target's mean batch size per forward (GetEngineStats: sequence
-steps / forwards - 8 concurrent streams should give ~8). Speculative outputs are checked equal to
+steps / forwards - 8 concurrent streams should give ~8; the draft's likewise). Speculative outputs are checked equal to
 target-only outputs (greedy, lossless).
 
 Default: tiny random Llama models on the CPU (the draft a perturbed copy of the target, so it
@@ -31,33 +31,36 @@ sys.path[:0] = [str(ROOT), str(ROOT / "bench"), str(ROOT / "tests")]
 from gpu_e2e import LLAMA_1B, LLAMA_8B, generate, prompts_text, write_model_dir  # noqa: E402
 from report import save_report  # noqa: E402
 from specdec.launch import Trio  # noqa: E402
-from specdec.v1 import common_pb2, gateway_pb2_grpc, target_pb2_grpc  # noqa: E402
+from specdec.v1 import common_pb2, draft_pb2_grpc, gateway_pb2_grpc, target_pb2_grpc  # noqa: E402
 from tiny_models import build_model_dir, build_tokenizer  # noqa: E402
 
 SPEC_KS = {1: 4, 8: 2}  # draft tokens per step at each batch size (as the issue's H200 figures)
+STUBS = {"target": target_pb2_grpc.TargetServiceStub, "draft": draft_pb2_grpc.DraftServiceStub}
 
 
-def run_config(gateway: str, target: str, prompts: list[str], batch: int, max_new: int, k: int) -> dict:
-    """`batch` concurrent streams over all prompts; step and forward times per verify step."""
-    with grpc.insecure_channel(gateway) as channel, grpc.insecure_channel(target) as target_channel:
+def run_config(gateway: str, services: dict[str, str], prompts: list[str], batch: int, max_new: int, k: int) -> dict:
+    """`batch` concurrent streams over all prompts; step and forward times per verify step.
+
+    `services`: "target" and "draft" addresses, whose engine counters give the rows per forward."""
+    with grpc.insecure_channel(gateway) as channel:
         stub = gateway_pb2_grpc.GatewayStub(channel)
-        target_stats = target_pb2_grpc.TargetServiceStub(target_channel).GetEngineStats
         generate(stub, prompts[0], 8, k)  # warm the path
-        before = target_stats(common_pb2.EngineStatsRequest())
+        before = {name: engine_stats(name, address) for name, address in services.items()}
         completions = []
         started = time.perf_counter()
         with ThreadPoolExecutor(batch) as pool:
             for i in range(0, len(prompts), batch):
                 completions += list(pool.map(lambda p: generate(stub, p, max_new, k), prompts[i:i + batch]))
         wall = time.perf_counter() - started
-        after = target_stats(common_pb2.EngineStatsRequest())
+        after = {name: engine_stats(name, address) for name, address in services.items()}
     stats = [c.final.stats for c in completions]
     steps = sum(s.num_verify_steps for s in stats)
     elapsed = sum(s.num_completion_tokens / s.tokens_per_s for s in stats)
     step_ms = 1e3 * elapsed / steps
     target_ms = 1e3 * sum(s.target_forward_s for s in stats) / steps
     draft_ms = 1e3 * sum(s.draft_forward_s for s in stats) / steps
-    num_forwards = after.num_forwards - before.num_forwards
+    rows = {f"{name}_rows_per_forward": (after[name].num_sequence_steps - before[name].num_sequence_steps)
+            / max(1, after[name].num_forwards - before[name].num_forwards) for name in services}
     return {
         "tok_s": sum(s.num_completion_tokens for s in stats) / wall,
         "step_ms": step_ms,
@@ -65,10 +68,16 @@ def run_config(gateway: str, target: str, prompts: list[str], batch: int, max_ne
         "draft_ms_per_step": draft_ms,
         "overhead_ms_per_step": step_ms - target_ms - draft_ms,
         "overhead_fraction": (step_ms - target_ms - draft_ms) / step_ms,
-        "target_rows_per_forward": (after.num_sequence_steps - before.num_sequence_steps) / max(1, num_forwards),
+        **rows,
         "acceptance_rate": sum(s.num_accepted_tokens for s in stats) / max(1, sum(s.num_draft_tokens for s in stats)),
         "token_ids": [c.token_ids for c in completions],
     }
+
+
+def engine_stats(service: str, address: str) -> common_pb2.EngineStats:
+    """A model service's engine counters ("target" or "draft")."""
+    with grpc.insecure_channel(address) as channel:
+        return STUBS[service](channel).GetEngineStats(common_pb2.EngineStatsRequest())
 
 
 def model_dirs(work: Path, gpu: bool) -> tuple[str, str]:
@@ -113,12 +122,13 @@ def main() -> None:
                 "--target", target, "--draft", "none", "--log-level", "WARNING"]), 60)
             gateway = trio.wait_ready(trio.spawn("gateway", "gateway", [
                 "--target", target, "--draft", draft, "--log-level", "WARNING"]), 60)
+            services = {"target": target, "draft": draft}
             configs = {f"target_only_bs{b}": (plain, b, 0) for b in SPEC_KS}
             configs |= {f"spec_k{k}_bs{b}": (gateway, b, k) for b, k in SPEC_KS.items()}
             runs: dict[str, list[dict]] = {name: [] for name in configs}
             for _ in range(args.rounds):  # rounds interleave configurations, so drift hits all alike
                 for name, (address, batch, k) in configs.items():
-                    runs[name].append(run_config(address, target, prompts, batch, args.max_new_tokens, k))
+                    runs[name].append(run_config(address, services, prompts, batch, args.max_new_tokens, k))
         finally:
             trio.stop()
     reference = runs["target_only_bs1"][0]["token_ids"]

@@ -38,18 +38,26 @@ def torch_thread() -> ThreadPoolExecutor:
 
 class BatchingLoop(Generic[J, R]):
     def __init__(self, process: ProcessFn, max_batch_size: int, executor: ThreadPoolExecutor | None = None,
-                 phase_of: Callable[[J], str] = lambda job: "step", linger_s: float = 0.002) -> None:
+                 phase_of: Callable[[J], str] = lambda job: "step", max_linger_s: float = 0.01) -> None:
         """`phase_of(job)` names a job's phase for the observer ("prefill", "verify", "propose").
 
-        `linger_s`: when fewer jobs are pending than the last batch held, wait up to this long for
-        the rest. Requests answered by one forward come back staggered (each through its own RPC
-        round trip); starting the next forward with the first arrivals splits a batch of 8
-        decoding streams into ~2 forwards per step (measured), each paying for all the weights.
+        Lingering: while callers answered by earlier batches have not come back with their next
+        job, the next batch waits for them - at most as long as the last batch took to run (a
+        caller left out waits at least that long for its own batch) and at most `max_linger_s`.
+        Requests answered by one forward come back staggered (each through its own RPC round
+        trip); starting the next forward with the first arrivals splits a batch of 8 decoding
+        streams into ~2 forwards per step, each paying for all the weights. Waiting (2 ms at most)
+        only for as many jobs as the last batch held kept such a split for good (a group of 5 and
+        one of 3 alternate, each batch as big as the last): 5.8 target rows per forward with 8
+        target-only streams on the CPU (bench/rpc_overhead.py).
         """
         self._process = process
         self._max_batch_size = max_batch_size
-        self._linger_s = linger_s
-        self._last_batch_size = 0
+        self._max_linger_s = max_linger_s
+        self._last_batch_s = 0.0
+        # jobs answered whose callers have not submitted their next one: the next batch waits
+        # for them (a caller that does not come back in time is not waited for again)
+        self._num_answered_out = 0
         self._phase_of = phase_of
         self.observer: ForwardObserver | None = None  # set by the service that exports metrics
         self._pending: list[tuple[J, asyncio.Future[R]]] = []
@@ -70,6 +78,7 @@ class BatchingLoop(Generic[J, R]):
     async def submit(self, job: J) -> R:
         future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
         self._pending.append((job, future))
+        self._num_answered_out = max(0, self._num_answered_out - 1)
         self._wakeup.set()
         return await future
 
@@ -90,13 +99,14 @@ class BatchingLoop(Generic[J, R]):
                 if not batch:
                     continue
                 jobs = [j for j, _ in batch]
-                self._last_batch_size = len(jobs)
                 try:
                     results, duration_ns = await loop.run_in_executor(self.executor, self._timed_process, jobs)
                 except Exception as e:  # a bug in process: fail this batch, keep serving
                     results, duration_ns = [e] * len(batch), None
-                if self.observer is not None and duration_ns is not None:
-                    self._observe(jobs, duration_ns)
+                if duration_ns is not None:
+                    self._last_batch_s = duration_ns / 1e9
+                    if self.observer is not None:
+                        self._observe(jobs, duration_ns)
                 unfinished = []
                 for (job, future), result in zip(batch, results):
                     if future.done():  # the request was cancelled meanwhile
@@ -107,20 +117,30 @@ class BatchingLoop(Generic[J, R]):
                         future.set_exception(result)
                     else:
                         future.set_result(result)
+                        self._num_answered_out += 1
                 self._pending[:0] = unfinished  # older jobs first
 
     async def _linger(self) -> None:
-        """Waits (at most linger_s) until as many jobs are pending as the last batch held."""
-        deadline = asyncio.get_running_loop().time() + self._linger_s
-        while len(self._pending) < min(self._last_batch_size, self._max_batch_size):
-            remaining = deadline - asyncio.get_running_loop().time()
-            if remaining <= 0:
+        """Waits until every caller answered earlier has submitted again or a full batch is pending,
+        at most as long as the last batch ran (and max_linger_s); callers still out then are not
+        waited for again."""
+        deadline = asyncio.get_running_loop().time() + min(self._last_batch_s, self._max_linger_s)
+        while self._num_answered_out > 0 and len(self._pending) < self._max_batch_size:
+            if not await self._woken_before(deadline):
+                self._num_answered_out = 0
                 return
-            try:
-                await asyncio.wait_for(self._wakeup.wait(), remaining)
-            except TimeoutError:
-                return
-            self._wakeup.clear()
+
+    async def _woken_before(self, deadline: float) -> bool:
+        """Whether a job was submitted before the loop's clock reached `deadline`."""
+        remaining = deadline - asyncio.get_running_loop().time()
+        if remaining <= 0:
+            return False
+        try:
+            await asyncio.wait_for(self._wakeup.wait(), remaining)
+        except TimeoutError:
+            return False
+        self._wakeup.clear()
+        return True
 
     def _timed_process(self, jobs: list[J]) -> tuple[list[R | Exception | None], int]:
         start = time.perf_counter_ns()
