@@ -33,7 +33,10 @@ SHAPES = {  # name: (N, K)
     "1b_qkv": (3072, 2048), "1b_o": (2048, 2048), "1b_gate_up": (16384, 2048), "1b_down": (2048, 8192),
     "1b_lm_head": (128256, 2048),
 }
-CONFIGS = [LaunchConfig(bn, bk, w, s) for bn, bk, w, s in itertools.product((32, 64), (128, 256, 512), (4,), (3, 4))]
+CONFIGS = ([LaunchConfig(bn, bk, w, s) for bn, bk, w, s in itertools.product((32, 64), (128, 256, 512), (4,), (3, 4))]
+           # 16 columns a program: twice the programs, for products too narrow to fill the GPU at 32
+           # (Llama-3.2-1B's o_proj and down_proj: N = 2048 is 64 programs of 32 on 132 SMs)
+           + [LaunchConfig(16, bk, w, s) for bk, w, s in itertools.product((256, 512), (2, 4), (3, 4))])
 FUSIONS = {  # what the model fuses into each product (engine/fused_stages.py)
     "qkv": "rms_norm", "o": "residual", "gate_up": "rms_norm+silu_mul", "down": "residual", "lm_head": "rms_norm"}
 # rms_norm: engine/triton_norm.py's kernel runs before the product (it is part of the time)

@@ -45,14 +45,19 @@ class LaunchConfig:
 
 def launch_config(n: int, k: int) -> LaunchConfig:
     """A function of the weight's shape only (never of the row count: see the module doc); the best of
-    bench/tune_linear.py's sweep on the H200 for Llama-3.1-8B and 3.2-1B shapes."""
+    bench/tune_linear.py's sweeps on the H200 for Llama-3.1-8B and 3.2-1B shapes. Products narrower
+    than 4096 columns take 16 a program: at 32 they leave SMs idle (N = 2048 is 64 programs on 132 SMs),
+    and at 16 Llama-3.2-1B's down projection streams W in 12.6 us instead of 16.2, its o_proj in 5.4
+    instead of 5.9 (bench/results/tune_linear_narrow.json, residual fused, 1 row)."""
+    narrow = n < 4096
     if k >= 8192:  # down projections
-        return LaunchConfig(block_n=32, block_k=512, num_warps=4, num_stages=4)
+        return LaunchConfig(16, 512, 2, 4) if narrow else LaunchConfig(32, 512, 4, 4)
     if n >= 65536:  # LM heads
         return LaunchConfig(block_n=64, block_k=128, num_warps=4, num_stages=4)
     if n >= 16384:  # gate/up projections
         return LaunchConfig(block_n=32, block_k=128, num_warps=4, num_stages=3)
-    return LaunchConfig(block_n=32, block_k=256 if k % 256 == 0 else 128, num_warps=4, num_stages=4)
+    block_k = 256 if k % 256 == 0 else 128
+    return LaunchConfig(16, block_k, 2, 4) if narrow else LaunchConfig(32, block_k, 4, 4)
 
 
 @triton.jit
