@@ -11,7 +11,7 @@ target-only outputs (greedy, lossless).
 Default: tiny random Llama models on the CPU (the draft a perturbed copy of the target, so it
 accepts some), where a forward takes ~1 ms and the host work dominates - a reproduction of the host
 overhead measured on the H200 (README, issue 4). `--gpu`: the 8B / 1B shapes of gpu_e2e.py in bf16.
-Usage: python bench/rpc_overhead.py [--gpu] [--layer-kernels fused] [--out PATH]
+Usage: python bench/rpc_overhead.py [--gpu] [--layer-kernels auto|fused|reference] [--rounds N] [--out PATH]
 """
 from __future__ import annotations
 
@@ -93,7 +93,8 @@ def model_dirs(work: Path, gpu: bool) -> tuple[str, str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--gpu", action="store_true", help="8B / 1B shapes in bf16 on CUDA")
-    parser.add_argument("--layer-kernels", choices=["reference", "fused"], default="reference")
+    parser.add_argument("--layer-kernels", choices=["auto", "fused", "reference"], default="auto",
+                        help="both model services' layer kernels (--layer-kernels of the services)")
     parser.add_argument("--prompt-tokens", type=int, default=64)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--num-prompts", type=int, default=16)
@@ -115,9 +116,10 @@ def main() -> None:
                   "--kv-cache-tokens", str(16 * (args.prompt_tokens * 2 + args.max_new_tokens + 64))]
         trio = Trio(work)
         try:
-            target = trio.wait_ready(trio.spawn("target", "target_service", ["--model", target_model, *common]), 900)
-            draft = trio.wait_ready(trio.spawn("draft", "draft_service", [
-                "--drafter", "model", "--model", draft_model, "--quantize", "none", *common]), 900)
+            target_service = trio.spawn("target", "target_service", ["--model", target_model, *common])
+            draft_service = trio.spawn("draft", "draft_service", [
+                "--drafter", "model", "--model", draft_model, "--quantize", "none", *common])
+            target, draft = trio.wait_ready(target_service, 900), trio.wait_ready(draft_service, 900)
             plain = trio.wait_ready(trio.spawn("gateway-plain", "gateway", [
                 "--target", target, "--draft", "none", "--log-level", "WARNING"]), 60)
             gateway = trio.wait_ready(trio.spawn("gateway", "gateway", [

@@ -68,8 +68,10 @@ class _BidiStream:
 
     async def ask(self, request):
         try:
-            exchange = self._exchange(request)
-            response = await (asyncio.wait_for(exchange, self._step_timeout_s) if self._step_timeout_s else exchange)
+            # asyncio.timeout, not wait_for: wait_for ran each step's exchange as a task of its own
+            async with asyncio.timeout(self._step_timeout_s):
+                await self._call.write(request)
+                response = await self._call.read()
         except grpc.aio.AioRpcError as e:
             if not self._is_lost(e.code()):
                 raise
@@ -82,10 +84,6 @@ class _BidiStream:
             raise self._lost("the service closed the stream unexpectedly")
         self.forward_ns += response.forward_ns
         return response
-
-    async def _exchange(self, request):
-        await self._call.write(request)
-        return await self._call.read()
 
     def _is_lost(self, code: grpc.StatusCode) -> bool:
         raise NotImplementedError
