@@ -9,6 +9,7 @@ import asyncio
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
 J = TypeVar("J")
@@ -36,31 +37,63 @@ def torch_thread() -> ThreadPoolExecutor:
     return ThreadPoolExecutor(max_workers=1, thread_name_prefix="torch")
 
 
+@dataclass
+class _Caller:
+    answered_at: float | None = None  # loop time its last job was answered; None while it has one pending
+    return_s: float = 0.0  # how long after its previous answer it submitted again
+
+
+class ReturningCallers:
+    """Callers answered by a batch that will come back with their next job, and when.
+
+    A caller is the asyncio task that submits (each RPC stream is one); it is predicted back as
+    long after its answer as it took last time, so a caller that comes back later than a batch
+    lasts (a request away at the draft) or not at all (its task ended) is not waited for.
+    """
+
+    def __init__(self) -> None:
+        self._callers: dict[asyncio.Task, _Caller] = {}
+
+    def submitted(self, caller: asyncio.Task, now: float) -> None:
+        state = self._callers.setdefault(caller, _Caller())
+        if state.answered_at is not None:
+            state.return_s = now - state.answered_at
+        state.answered_at = None
+
+    def answered(self, caller: asyncio.Task, now: float) -> None:
+        self._callers.setdefault(caller, _Caller()).answered_at = now
+
+    def is_any_due(self, start: float, end: float) -> bool:
+        """Whether a caller still out is predicted back between `start` and `end` (loop times)."""
+        for caller in [c for c in self._callers if c.done()]:
+            del self._callers[caller]
+        return any(state.answered_at is not None and start <= state.answered_at + state.return_s <= end
+                   for state in self._callers.values())
+
+
 class BatchingLoop(Generic[J, R]):
     def __init__(self, process: ProcessFn, max_batch_size: int, executor: ThreadPoolExecutor | None = None,
                  phase_of: Callable[[J], str] = lambda job: "step", max_linger_s: float = 0.01) -> None:
         """`phase_of(job)` names a job's phase for the observer ("prefill", "verify", "propose").
 
-        Lingering: while callers answered by earlier batches have not come back with their next
-        job, the next batch waits for them - at most as long as the last batch took to run (a
-        caller left out waits at least that long for its own batch) and at most `max_linger_s`.
+        Lingering: while callers answered by earlier batches are due back with their next job
+        (ReturningCallers), the next batch waits for them - at most as long as the last batch took
+        to run (a caller left out waits at least that long for its own batch) and `max_linger_s`.
         Requests answered by one forward come back staggered (each through its own RPC round
         trip); starting the next forward with the first arrivals splits a batch of 8 decoding
         streams into ~2 forwards per step, each paying for all the weights. Waiting (2 ms at most)
         only for as many jobs as the last batch held kept such a split for good (a group of 5 and
         one of 3 alternate, each batch as big as the last): 5.8 target rows per forward with 8
-        target-only streams on the CPU (bench/rpc_overhead.py).
+        target-only streams on the CPU (bench/rpc_overhead.py), 7.9 waiting for the callers due.
         """
         self._process = process
         self._max_batch_size = max_batch_size
         self._max_linger_s = max_linger_s
         self._last_batch_s = 0.0
-        # jobs answered whose callers have not submitted their next one: the next batch waits
-        # for them (a caller that does not come back in time is not waited for again)
-        self._num_answered_out = 0
+        self._callers = ReturningCallers()
         self._phase_of = phase_of
         self.observer: ForwardObserver | None = None  # set by the service that exports metrics
-        self._pending: list[tuple[J, asyncio.Future[R]]] = []
+        self._pending: list[tuple[J, asyncio.Future[R], asyncio.Task]] = []  # job, its answer, its caller
         self._wakeup = asyncio.Event()
         # the single worker thread is the only place the model and KV pool are touched
         self.executor = executor or torch_thread()
@@ -76,9 +109,11 @@ class BatchingLoop(Generic[J, R]):
         self.executor.shutdown(wait=True)
 
     async def submit(self, job: J) -> R:
-        future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
-        self._pending.append((job, future))
-        self._num_answered_out = max(0, self._num_answered_out - 1)
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[R] = loop.create_future()
+        caller = asyncio.current_task()
+        self._callers.submitted(caller, loop.time())
+        self._pending.append((job, future, caller))
         self._wakeup.set()
         return await future
 
@@ -95,10 +130,10 @@ class BatchingLoop(Generic[J, R]):
                 await self._linger()
                 batch = self._pending[: self._max_batch_size]
                 del self._pending[: self._max_batch_size]
-                batch = [(job, future) for job, future in batch if not future.done()]  # drop cancelled
+                batch = [entry for entry in batch if not entry[1].done()]  # drop cancelled
                 if not batch:
                     continue
-                jobs = [j for j, _ in batch]
+                jobs = [job for job, _, _ in batch]
                 try:
                     results, duration_ns = await loop.run_in_executor(self.executor, self._timed_process, jobs)
                 except Exception as e:  # a bug in process: fail this batch, keep serving
@@ -107,27 +142,33 @@ class BatchingLoop(Generic[J, R]):
                     self._last_batch_s = duration_ns / 1e9
                     if self.observer is not None:
                         self._observe(jobs, duration_ns)
-                unfinished = []
-                for (job, future), result in zip(batch, results):
-                    if future.done():  # the request was cancelled meanwhile
-                        continue
-                    if result is None:
-                        unfinished.append((job, future))
-                    elif isinstance(result, Exception):
-                        future.set_exception(result)
-                    else:
-                        future.set_result(result)
-                        self._num_answered_out += 1
-                self._pending[:0] = unfinished  # older jobs first
+                self._answer(batch, results)
+
+    def _answer(self, batch: list[tuple[J, asyncio.Future[R], asyncio.Task]],
+                results: list[R | Exception | None]) -> None:
+        unfinished = []
+        now = asyncio.get_running_loop().time()
+        for (job, future, caller), result in zip(batch, results):
+            if future.done():  # the request was cancelled meanwhile
+                continue
+            if result is None:
+                unfinished.append((job, future, caller))
+            elif isinstance(result, Exception):
+                future.set_exception(result)
+            else:
+                future.set_result(result)
+                self._callers.answered(caller, now)
+        self._pending[:0] = unfinished  # older jobs first
 
     async def _linger(self) -> None:
-        """Waits until every caller answered earlier has submitted again or a full batch is pending,
-        at most as long as the last batch ran (and max_linger_s); callers still out then are not
-        waited for again."""
-        deadline = asyncio.get_running_loop().time() + min(self._last_batch_s, self._max_linger_s)
-        while self._num_answered_out > 0 and len(self._pending) < self._max_batch_size:
+        """Waits while a full batch is not pending and callers answered earlier are due back within
+        the wait: at most as long as the last batch ran (and max_linger_s). A caller due back more
+        than that long ago is late (stalled or gone) and not waited for."""
+        window_s = min(self._last_batch_s, self._max_linger_s)
+        start = asyncio.get_running_loop().time()
+        deadline = start + window_s
+        while len(self._pending) < self._max_batch_size and self._callers.is_any_due(start - window_s, deadline):
             if not await self._woken_before(deadline):
-                self._num_answered_out = 0
                 return
 
     async def _woken_before(self, deadline: float) -> bool:

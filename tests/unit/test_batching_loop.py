@@ -46,31 +46,46 @@ def test_staggered_returns_rejoin_one_batch():
     assert _run_streams(delays) == [NUM_STREAMS] * NUM_STEPS
 
 
-def test_a_stream_that_does_not_come_back_is_waited_for_once():
-    """A finished stream (here: one that stops after its first step) delays the next batch by at
-    most one batch's time, and later batches start without waiting for it."""
+def _step_waits(num_steps_by_stream: list[int], return_delays_s: list[float]) -> tuple[list[int], list[list[float]]]:
+    """Streams of the given lengths and return delays; the batch sizes and each stream's time from
+    submitting a job to its answer, step by step."""
     batch_sizes: list[int] = []
-    waits_s: list[float] = []
+    waits_s: list[list[float]] = [[] for _ in num_steps_by_stream]
 
     def process(jobs: list[int]) -> list[int]:
         batch_sizes.append(len(jobs))
         time.sleep(FORWARD_S)
         return jobs
 
-    async def stream(loop: BatchingLoop, num_steps: int) -> None:
-        for step in range(num_steps):
-            answered = time.perf_counter()
+    async def stream(loop: BatchingLoop, index: int) -> None:
+        for step in range(num_steps_by_stream[index]):
+            submitted = time.perf_counter()
             await loop.submit(step)
-            waits_s.append(time.perf_counter() - answered)
+            waits_s[index].append(time.perf_counter() - submitted)
+            await asyncio.sleep(return_delays_s[index])
 
     async def main() -> None:
         loop: BatchingLoop[int, int] = BatchingLoop(process, max_batch_size=64, max_linger_s=1.0)
         loop.start()
-        await asyncio.gather(stream(loop, 1), stream(loop, 4))
+        await asyncio.gather(*(stream(loop, i) for i in range(len(num_steps_by_stream))))
         await loop.stop()
 
     asyncio.run(main())
+    return batch_sizes, waits_s
+
+
+def test_a_finished_stream_is_not_waited_for():
+    """A stream that ended (its task is done) delays nobody: the other's steps each take one batch."""
+    batch_sizes, waits_s = _step_waits([1, 4], [0.0, 0.0])
     assert batch_sizes == [2, 1, 1, 1]
-    # the step after the short stream left waited for it (one batch's time), the rest did not
-    assert all(wait < 3 * FORWARD_S for wait in waits_s)
-    assert sum(wait > 1.5 * FORWARD_S for wait in waits_s) <= 1
+    assert all(wait < 1.5 * FORWARD_S for wait in waits_s[1])
+
+
+def test_a_stream_that_comes_back_late_is_not_waited_for():
+    """A stream away for three batches' time each step (a request at the draft) is not waited for
+    by one that comes straight back (a target-only request): after the first answer tells when it
+    returns, the quick stream's steps take one batch each. Waiting for every answered caller made
+    the quick stream wait a batch's time on every step that followed the slow one's."""
+    _, waits_s = _step_waits([12, 4], [0.0, 3 * FORWARD_S])
+    slow_steps = sum(wait > 1.5 * FORWARD_S for wait in waits_s[0])
+    assert slow_steps <= 2, waits_s[0]
