@@ -115,8 +115,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tiny", action="store_true", help="tiny models on the CPU: checks the script only")
     parser.add_argument("--skip-hf", action="store_true")
-    parser.add_argument("--layer-kernels", choices=["auto", "fused", "reference"], default="auto",
-                        help="both model services' layer kernels (--layer-kernels of the services)")
+    parser.add_argument("--layer-kernels", choices=["auto", "fused", "reference"], default=None,
+                        help="both model services' layer kernels (default: theirs: fused for the target, auto for the draft)")
     parser.add_argument("--prompt-tokens", type=int, default=128)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--num-prompts", type=int, default=8)
@@ -136,7 +136,7 @@ def main() -> None:
         prompts = prompts_text(tokenizer, args.num_prompts, args.prompt_tokens)
         prompt_ids = [tokenizer.encode(p) for p in prompts]
         common = ["--device", device, "--dtype", dtype, "--max-model-len", "1024", "--log-level", "WARNING",
-                  "--layer-kernels", args.layer_kernels,
+                  *(["--layer-kernels", args.layer_kernels] if args.layer_kernels else []),
                   "--kv-cache-tokens", str(16 * (args.prompt_tokens * 2 + args.max_new_tokens + 64))]
         trio = Trio(work)
         try:

@@ -136,8 +136,8 @@ def hf_static_ms(model) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--skip-hf", action="store_true")
-    parser.add_argument("--layer-kernels", choices=["auto", "fused", "reference"], default="auto",
-                        help="the target's layer kernels (engine/model_runner.RuntimeConfig.layer_kernels)")
+    parser.add_argument("--layer-kernels", choices=["auto", "fused", "reference"], default="fused",
+                        help="the target's layer kernels (default: the target service's on CUDA)")
     parser.add_argument("--profile", action="store_true", help="print the kernels of a bs1 decode and verify replay")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "gpu_target.json")
     args = parser.parse_args()

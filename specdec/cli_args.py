@@ -29,8 +29,14 @@ def add_server_args(parser: argparse.ArgumentParser, prefix: str, default_port: 
                         help="serve Prometheus metrics at http://HOST:PORT/metrics; unset: off, 0: a free port")
 
 
-def add_runtime_args(parser: argparse.ArgumentParser, prefix: str, default_model: str) -> None:
+def add_runtime_args(parser: argparse.ArgumentParser, prefix: str, default_model: str,
+                     cuda_layer_kernels: str = "auto") -> None:
+    """`cuda_layer_kernels`: --layer-kernels when not given and the device is CUDA (on CPU: auto, which
+    is reference there). The target takes fused: batch-invariant, so speculative output equals
+    target-only output in bf16 at any batch; a draft takes auto, the fastest, as its rounding changes
+    only which tokens it proposes."""
     env = lambda name, default: env_default(prefix, name, default)  # noqa: E731
+    parser.set_defaults(cuda_layer_kernels=cuda_layer_kernels)
     parser.add_argument("--model", default=env("model", default_model),
                         help="HF hub id, local directory, .gguf file, or package:MODULE/FILE")
     parser.add_argument("--device", default=env("device", "cuda" if torch.cuda.is_available() else "cpu"))
@@ -41,9 +47,10 @@ def add_runtime_args(parser: argparse.ArgumentParser, prefix: str, default_model
                         help="CUDA: give the KV pool this fraction of the free memory (overrides --kv-cache-tokens)")
     parser.add_argument("--attention-backend", choices=["auto", "triton", "reference"],
                         default=env("attention_backend", "auto"), help="auto: triton on CUDA, reference on CPU")
-    parser.add_argument("--layer-kernels", choices=["auto", "fused", "reference"], default=env("layer_kernels", "auto"),
-                        help="auto: CUDA-graph steps of up to 16 rows run engine/fused_stages.py's Triton kernels, "
-                             "larger ones cuBLAS; fused: all graph steps, batch-invariant; reference: none (see docs)")
+    parser.add_argument("--layer-kernels", choices=["auto", "fused", "reference"], default=env("layer_kernels", None),
+                        help="fused: every CUDA-graph step runs engine/fused_stages.py's Triton kernels, batch-invariant; "
+                             "auto: steps of up to 16 rows do, larger ones cuBLAS (faster at batch, not batch-invariant); "
+                             f"reference: none. Default: {cuda_layer_kernels} on CUDA, reference on CPU (see the README)")
     parser.add_argument("--max-batch-size", type=int, default=env("max_batch_size", 64))
     parser.add_argument("--num-threads", type=int, default=env("num_threads", None), help="torch CPU threads")
 
@@ -51,7 +58,8 @@ def add_runtime_args(parser: argparse.ArgumentParser, prefix: str, default_model
 def runtime_config(args: argparse.Namespace) -> RuntimeConfig:
     if args.num_threads:
         torch.set_num_threads(int(args.num_threads))
-    dtype = args.dtype or ("bfloat16" if str(args.device).startswith("cuda") else "float32")
+    on_cuda = str(args.device).startswith("cuda")
+    dtype = args.dtype or ("bfloat16" if on_cuda else "float32")
     return RuntimeConfig(
         model=args.model,
         device=args.device,
@@ -60,7 +68,7 @@ def runtime_config(args: argparse.Namespace) -> RuntimeConfig:
         kv_cache_tokens=int(args.kv_cache_tokens),
         kv_cache_memory_fraction=float(args.kv_cache_memory_fraction) if args.kv_cache_memory_fraction else None,
         attention_backend=args.attention_backend,
-        layer_kernels=args.layer_kernels,
+        layer_kernels=args.layer_kernels or (args.cuda_layer_kernels if on_cuda else "auto"),
     )
 
 
