@@ -118,7 +118,8 @@ class ModelRunner:
         self.attention = _attention_backend(config.attention_backend, device, fixed_ranges_for)
         self.num_eager_steps = 0  # forwards that did not replay a graph (prefill chunks, CPU)
         self.graphs: CudaGraphRunner | None = None
-        self.batch_invariant = config.layer_kernels == "fused"  # see forward_groups
+        # see forward_groups; on CUDA the fused kernels run in graph steps only
+        self.batch_invariant = config.layer_kernels == "fused" and (device.type == "cpu" or config.use_cuda_graphs)
         self._graph_config = GraphConfig()
         if config.use_compile and device.type == "cuda":
             self.model.compile_stages()
