@@ -93,8 +93,8 @@ def model_dirs(work: Path, gpu: bool) -> tuple[str, str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--gpu", action="store_true", help="8B / 1B shapes in bf16 on CUDA")
-    parser.add_argument("--layer-kernels", choices=["auto", "fused", "reference"], default="auto",
-                        help="both model services' layer kernels (--layer-kernels of the services)")
+    parser.add_argument("--layer-kernels", choices=["auto", "fused", "reference"], default=None,
+                        help="both model services' layer kernels (default: theirs: fused for the target, auto for the draft)")
     parser.add_argument("--prompt-tokens", type=int, default=64)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--num-prompts", type=int, default=16)
@@ -112,7 +112,7 @@ def main() -> None:
         # would take the cores the host work being measured runs on
         threads = [] if args.gpu else ["--num-threads", "1"]
         common = [*threads, "--device", device, "--dtype", dtype, "--max-model-len", "1024", "--log-level", "WARNING",
-                  "--layer-kernels", args.layer_kernels,
+                  *(["--layer-kernels", args.layer_kernels] if args.layer_kernels else []),
                   "--kv-cache-tokens", str(16 * (args.prompt_tokens * 2 + args.max_new_tokens + 64))]
         trio = Trio(work)
         try:
