@@ -5,7 +5,7 @@ import asyncio
 import random
 import time
 
-from engine.batching_loop import BatchingLoop
+from engine.batching_loop import BatchingLoop, ReturningCallers
 
 NUM_STREAMS = 8
 NUM_STEPS = 8
@@ -46,46 +46,71 @@ def test_staggered_returns_rejoin_one_batch():
     assert _run_streams(delays) == [NUM_STREAMS] * NUM_STEPS
 
 
-def _step_waits(num_steps_by_stream: list[int], return_delays_s: list[float]) -> tuple[list[int], list[list[float]]]:
-    """Streams of the given lengths and return delays; the batch sizes and each stream's time from
-    submitting a job to its answer, step by step."""
+async def _tasks(n: int) -> list[asyncio.Task]:
+    """Stand-ins for RPC streams: ReturningCallers keys callers by their asyncio task."""
+    return [asyncio.create_task(asyncio.sleep(60)) for _ in range(n)]
+
+
+def test_a_caller_that_comes_back_later_than_the_wait_is_not_due():
+    """A stream away for three batches' time each step (a request at the draft) is not waited for by
+    one that comes straight back (a target-only request): once an answer has told each caller's
+    return time, only the quick one is due within a 20 ms wait. (Waiting for every answered caller
+    made the quick stream wait a batch's time on every step that followed the slow one's.)"""
+
+    async def main() -> tuple[bool, bool, bool]:
+        quick, slow = await _tasks(2)
+        callers = ReturningCallers()
+        for caller in (quick, slow):
+            callers.submitted(caller, now=0.0)
+            callers.answered(caller, now=1.0)
+        callers.submitted(quick, now=1.0)  # back at once
+        callers.submitted(slow, now=1.06)  # back after 60 ms
+        callers.answered(slow, now=2.0)
+        slow_due = callers.is_any_due(1.98, 2.02)
+        callers.answered(quick, now=2.0)
+        quick_due = callers.is_any_due(1.98, 2.02)
+        slow_due_later = callers.is_any_due(2.04, 2.08)
+        for task in (quick, slow):
+            task.cancel()
+        return slow_due, quick_due, slow_due_later
+
+    assert asyncio.run(main()) == (False, True, True)
+
+
+def test_a_finished_caller_is_never_due():
+    """A stream that ended (its task is done) delays nobody, whenever it was expected back."""
+
+    async def main() -> tuple[bool, bool]:
+        [caller] = await _tasks(1)
+        callers = ReturningCallers()
+        callers.submitted(caller, now=0.0)
+        callers.answered(caller, now=0.0)
+        due_while_open = callers.is_any_due(-0.01, 0.01)
+        caller.cancel()
+        await asyncio.gather(caller, return_exceptions=True)
+        return due_while_open, callers.is_any_due(-0.01, 0.01)
+
+    assert asyncio.run(main()) == (True, False)
+
+
+def test_a_finished_stream_leaves_the_other_in_batches_of_its_own():
+    """One stream ends after its first step; the other's next steps run alone, one batch each."""
     batch_sizes: list[int] = []
-    waits_s: list[list[float]] = [[] for _ in num_steps_by_stream]
 
     def process(jobs: list[int]) -> list[int]:
         batch_sizes.append(len(jobs))
         time.sleep(FORWARD_S)
         return jobs
 
-    async def stream(loop: BatchingLoop, index: int) -> None:
-        for step in range(num_steps_by_stream[index]):
-            submitted = time.perf_counter()
+    async def stream(loop: BatchingLoop, num_steps: int) -> None:
+        for step in range(num_steps):
             await loop.submit(step)
-            waits_s[index].append(time.perf_counter() - submitted)
-            await asyncio.sleep(return_delays_s[index])
 
     async def main() -> None:
         loop: BatchingLoop[int, int] = BatchingLoop(process, max_batch_size=64, max_linger_s=1.0)
         loop.start()
-        await asyncio.gather(*(stream(loop, i) for i in range(len(num_steps_by_stream))))
+        await asyncio.gather(stream(loop, 1), stream(loop, 4))
         await loop.stop()
 
     asyncio.run(main())
-    return batch_sizes, waits_s
-
-
-def test_a_finished_stream_is_not_waited_for():
-    """A stream that ended (its task is done) delays nobody: the other's steps each take one batch."""
-    batch_sizes, waits_s = _step_waits([1, 4], [0.0, 0.0])
     assert batch_sizes == [2, 1, 1, 1]
-    assert all(wait < 1.5 * FORWARD_S for wait in waits_s[1])
-
-
-def test_a_stream_that_comes_back_late_is_not_waited_for():
-    """A stream away for three batches' time each step (a request at the draft) is not waited for
-    by one that comes straight back (a target-only request): after the first answer tells when it
-    returns, the quick stream's steps take one batch each. Waiting for every answered caller made
-    the quick stream wait a batch's time on every step that followed the slow one's."""
-    _, waits_s = _step_waits([12, 4], [0.0, 3 * FORWARD_S])
-    slow_steps = sum(wait > 1.5 * FORWARD_S for wait in waits_s[0])
-    assert slow_steps <= 2, waits_s[0]
