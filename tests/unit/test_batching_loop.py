@@ -12,15 +12,22 @@ NUM_STEPS = 8
 FORWARD_S = 0.02
 
 
-def _run_streams(return_delays_s: list[float], max_linger_s: float = 0.1) -> list[int]:
-    """Each stream submits NUM_STEPS jobs, waiting its own delay after each answer (its round trip
-    through the gateway); returns the size of every batch run."""
-    batch_sizes: list[int] = []
+def _forward_recording(batch_sizes: list[int]):
+    """A batch's process: takes FORWARD_S (on the worker thread, as a forward does), records its size."""
 
     def process(jobs: list[int]) -> list[int]:
         batch_sizes.append(len(jobs))
         time.sleep(FORWARD_S)
         return jobs
+
+    return process
+
+
+def _run_streams(return_delays_s: list[float], max_linger_s: float = 0.1) -> list[int]:
+    """Each stream submits NUM_STEPS jobs, waiting its own delay after each answer (its round trip
+    through the gateway); returns the size of every batch run."""
+    batch_sizes: list[int] = []
+    process = _forward_recording(batch_sizes)
 
     async def stream(loop: BatchingLoop, delay_s: float) -> None:
         for step in range(NUM_STEPS):
@@ -96,11 +103,7 @@ def test_a_finished_caller_is_never_due():
 def test_a_finished_stream_leaves_the_other_in_batches_of_its_own():
     """One stream ends after its first step; the other's next steps run alone, one batch each."""
     batch_sizes: list[int] = []
-
-    def process(jobs: list[int]) -> list[int]:
-        batch_sizes.append(len(jobs))
-        time.sleep(FORWARD_S)
-        return jobs
+    process = _forward_recording(batch_sizes)
 
     async def stream(loop: BatchingLoop, num_steps: int) -> None:
         for step in range(num_steps):
