@@ -21,8 +21,8 @@ take the fallback stages (compiled PyTorch, cuBLAS). `max_rows` (--layer-kernels
 graph steps on the fallback too: the skinny products read W once per 16 rows, so past 16 rows
 cuBLAS wins (H200: verify tok/s at batch 8/32 (40/160 rows) 4401/6170 in
 bench/results/gpu_target_fused.json, 6554/21512 on cuBLAS in gpu_target_reference.json) and only
-batch invariance argues for them. On
-CPU (the interpreter, for tests) steps of up to `CPU_MAX_ROWS` rows.
+batch invariance argues for them. On CPU (the interpreter, for tests) steps of up to `CPU_MAX_ROWS`
+rows.
 """
 from __future__ import annotations
 

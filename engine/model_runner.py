@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -125,7 +126,7 @@ class ModelRunner:
             self.model.compile_stages()
         if config.layer_kernels == "fused":
             self.model.use_fused_kernels(max_rows=None)
-        elif config.layer_kernels == "auto" and device.type == "cuda" and config.quantize == "none":
+        elif config.layer_kernels == "auto" and device.type == "cuda":  # (int8 weights are CPU-only)
             from engine.fused_stages import AUTO_MAX_ROWS  # needs triton, only here
 
             self.model.use_fused_kernels(max_rows=AUTO_MAX_ROWS)
@@ -178,7 +179,7 @@ class ModelRunner:
         from engine.fused_stages import CPU_MAX_ROWS  # needs triton, as the fused kernels do
 
         max_tokens, max_steps = self._graph_config.query_buckets[-1], self._graph_config.batch_buckets[-1]
-        max_rows = CPU_MAX_ROWS if self.device.type == "cpu" else max_steps * max_tokens
+        max_rows = CPU_MAX_ROWS if self.device.type == "cpu" else math.inf  # CUDA: the graph buckets bound it
         groups: list[list[int]] = []
         long: list[list[int]] = []
         rows = 0

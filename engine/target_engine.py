@@ -162,13 +162,13 @@ class TargetEngine:
             steps[i] = step
             budget -= len(step.token_ids)
             prefilling |= jobs[i].draft_ids is None
-        indices = list(steps)
-        for group in self.runner.forward_groups(list(steps.values())):
-            group_steps = [steps[indices[g]] for g in group]
+        entries = list(steps.items())  # (job index, step)
+        for group in self.runner.forward_groups([step for _, step in entries]):
+            chosen = [entries[g] for g in group]
             start = time.perf_counter_ns()
-            logits = self.runner.forward(group_steps)
-            committed = {indices[g]: _commit(jobs[indices[g]], step_logits)  # reading waits for the GPU
-                         for g, step, step_logits in zip(group, group_steps, logits) if step.num_logits}
+            logits = self.runner.forward([step for _, step in chosen])
+            committed = {i: _commit(jobs[i], step_logits)  # a finished prefill or a verify; reading waits for the GPU
+                         for (i, step), step_logits in zip(chosen, logits) if step.num_logits}
             timing = StepTiming(time.perf_counter_ns() - start, len(group))
             self.num_forwards += 1
             self.num_sequence_steps += len(group)
