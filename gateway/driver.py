@@ -23,6 +23,7 @@ from gateway.metrics import (
     GatewayMetrics,
 )
 from gateway.output import CompletionOutput, Finish
+from gateway.read_ahead import read_ahead
 from gateway.request import GenerationParams, parse_request
 from gateway.speculation_policy import SpeculationHistory, SpeculationPolicy
 from gateway.speculative_loop import speculative_generate
@@ -90,8 +91,10 @@ class Driver:
         gauge.inc()
         try:
             policy = self._policy(params) if params.adaptive else None
-            steps = speculative_generate(params.prompt_ids, params.max_new_tokens, params.num_draft_tokens,
-                                         streams, self._config.max_target_retries, params.sampling, policy)
+            # read ahead: the next step's model round trips overlap this one's detokenizing and streaming
+            steps = read_ahead(speculative_generate(params.prompt_ids, params.max_new_tokens, params.num_draft_tokens,
+                                                    streams, self._config.max_target_retries, params.sampling,
+                                                    policy))
             async with aclosing(steps):
                 async for step in steps:
                     if stats.first_token_s is None:
