@@ -40,7 +40,7 @@ class ModelDrafter:
         self._max_draft_tokens = max_draft_tokens
         self._loop: BatchingLoop[_Job, tuple[list[int], ProposeTiming]] = BatchingLoop(
             self._process, max_batch_size, executor,
-            phase_of=lambda job: "prefill" if job.num_draft_tokens == 0 else "propose")
+            phase_of=lambda job: "prefill" if job.num_draft_tokens == 0 else "propose", inline=runner.inline)
         self.admission = KVAdmission(runner.kv.config.num_blocks, runner.kv.block_size)
         self.draft_loop = DraftLoop(runner)  # on CUDA: captures its graphs (call on the torch thread)
         self._counters = {"num_active_sequences": 0, "num_sequences_started": 0, "num_forwards": 0,

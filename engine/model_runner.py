@@ -4,6 +4,8 @@ from __future__ import annotations
 import functools
 import logging
 import math
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -151,6 +153,19 @@ class ModelRunner:
         bad = next((t for t in token_ids if not 0 <= t < vocab), None)
         if bad is not None:
             raise InvalidRequestError(f"{what} holds token id {bad}, outside the vocabulary [0, {vocab})")
+
+    @property
+    def inline(self) -> Callable[[], AbstractContextManager] | None:
+        """BatchingLoop's `inline` for this runner: on CUDA on_calling_thread; on CPU None (the work
+        stays on the loading thread and its OpenMP pool)."""
+        return self.on_calling_thread if self.device.type == "cuda" else None
+
+    @contextmanager
+    def on_calling_thread(self) -> Iterator[None]:
+        """Lets another thread run this runner's work as the loading thread does: on its device and
+        its stream (CUDA; see batching_loop.BatchingLoop's `inline`)."""
+        with torch.cuda.device(self.device), torch.cuda.stream(self.stream):
+            yield
 
     def forward(self, steps: list[StepInput]) -> list[torch.Tensor]:
         """Appends each step's tokens to its sequence's KV; returns [num_logits, vocab] per step."""

@@ -74,7 +74,7 @@ class TargetEngine:
         self.runner = runner
         self.config = config
         self._loop: BatchingLoop[_Job, _Outcome] = BatchingLoop(self._process, config.max_batch_size, executor,
-                                                               phase_of=_phase)
+                                                               phase_of=_phase, inline=runner.inline)
         self.admission = KVAdmission(runner.kv.config.num_blocks, runner.kv.block_size)
         self.num_active_sequences = 0
         self.num_sequences_started = 0

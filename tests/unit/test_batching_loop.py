@@ -3,7 +3,10 @@ from __future__ import annotations
 
 import asyncio
 import random
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from engine.batching_loop import BatchingLoop, ReturningCallers
 
@@ -117,3 +120,89 @@ def test_a_finished_stream_leaves_the_other_in_batches_of_its_own():
 
     asyncio.run(main())
     assert batch_sizes == [2, 1, 1, 1]
+
+
+class _ThreadRecorder:
+    """A batch's process and an `inline` context: which thread ran each batch, and inside what."""
+
+    def __init__(self) -> None:
+        self.threads: list[str] = []  # per batch: "loop" (inside the inline context) or "worker"
+        self.loop_thread = threading.get_ident()
+        self._inside_inline = False
+
+    @contextmanager
+    def inline(self) -> Iterator[None]:
+        self._inside_inline = True
+        try:
+            yield
+        finally:
+            self._inside_inline = False
+
+    def process(self, jobs: list[int]) -> list[int]:
+        on_loop = threading.get_ident() == self.loop_thread
+        assert on_loop == self._inside_inline, "a batch on the loop thread runs inside inline()"
+        self.threads.append("loop" if on_loop else "worker")
+        return jobs
+
+
+def _run_inline_scenario(scenario) -> list[str]:
+    async def main() -> list[str]:
+        recorder = _ThreadRecorder()
+        loop: BatchingLoop[int, int] = BatchingLoop(recorder.process, max_batch_size=64, inline=recorder.inline)
+        loop.start()
+        await scenario(loop)
+        await loop.stop()
+        return recorder.threads
+
+    return asyncio.run(main())
+
+
+def test_a_request_alone_runs_its_batches_on_the_event_loop_thread():
+    async def alone(loop: BatchingLoop) -> None:
+        for step in range(3):
+            assert await loop.submit(step) == step
+
+    assert _run_inline_scenario(alone) == ["loop"] * 3
+
+
+def test_a_batch_without_every_open_stream_runs_on_the_worker():
+    """Two open streams: their batches run on the worker, even a batch of both, and a batch of one
+    leaves the loop free to take the other's job (a request back from the draft); once a stream has
+    ended, the other runs inline."""
+
+    async def two_streams(loop: BatchingLoop) -> None:
+        away_done = asyncio.Event()
+
+        async def away() -> None:
+            await loop.submit(0)
+            await asyncio.sleep(0.05)
+            await loop.submit(1)
+            away_done.set()
+
+        async def stays() -> None:
+            await loop.submit(0)  # with away's first job, one batch
+            await asyncio.sleep(0.01)
+            await loop.submit(1)  # away is away: the worker (and away's own next job too)
+            await away_done.wait()
+            await asyncio.sleep(0.01)  # away's task has ended
+            await loop.submit(2)
+
+        await asyncio.gather(asyncio.create_task(away()), asyncio.create_task(stays()))
+
+    assert _run_inline_scenario(two_streams) == ["worker", "worker", "worker", "loop"]
+
+
+def test_work_pending_on_the_worker_sends_the_next_batch_there_too():
+    """The model is touched by one thread at a time: a batch waits its turn behind work handed to
+    the worker (a released sequence's KV) instead of running beside it on the loop thread."""
+
+    async def after_release(loop: BatchingLoop) -> None:
+        release_may_end = threading.Event()
+        loop.run_serialized(lambda: release_may_end.wait(5))
+        submitted = asyncio.create_task(loop.submit(0))
+        await asyncio.sleep(0.01)
+        release_may_end.set()
+        await submitted
+        await loop.submit(1)  # the release has ended
+
+    assert _run_inline_scenario(after_release) == ["worker", "loop"]
