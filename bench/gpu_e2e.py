@@ -8,8 +8,11 @@ Random-weight Llama-3.1-8B-shape target and Llama-3.2-1B-shape draft, bf16, driv
     alpha - random weights would accept nothing;
   * hf_static: HF transformers generate() with its static cache (auto-compiled), same shapes.
 Writes bench/results/gpu_e2e.json. `--tiny` runs the same flow with tiny models on the CPU (a check
-of the script, no meaningful numbers).
-Usage: python bench/gpu_e2e.py [--tiny] [--skip-hf] [--layer-kernels auto|fused|reference] [--out PATH]
+of the script, no meaningful numbers). `--draft-ahead` has the draft draft ahead while the target
+verifies (engine/model_drafter.py; the oracle also replaces the chain's guess of the target's
+token at rate alpha), `--draft-gpu N` runs the draft service on GPU N alone (a machine of several).
+Usage: python bench/gpu_e2e.py [--tiny] [--skip-hf] [--layer-kernels auto|fused|reference]
+                               [--batches 1 8] [--ks 2 4] [--draft-ahead] [--draft-gpu N] [--out PATH]
 """
 from __future__ import annotations
 
@@ -32,7 +35,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 from report import save_report  # noqa: E402
 from specdec.client import collect  # noqa: E402
 from specdec.launch import Trio  # noqa: E402
-from specdec.v1 import gateway_pb2, gateway_pb2_grpc  # noqa: E402
+from specdec.v1 import common_pb2, draft_pb2_grpc, gateway_pb2, gateway_pb2_grpc  # noqa: E402
 from tiny_models import build_tokenizer  # noqa: E402
 
 LLAMA_8B = dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
@@ -120,8 +123,13 @@ def main() -> None:
     parser.add_argument("--prompt-tokens", type=int, default=128)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--num-prompts", type=int, default=8)
+    parser.add_argument("--batches", type=int, nargs="+", default=list(BATCHES), help="concurrent streams")
+    parser.add_argument("--ks", type=int, nargs="+", default=list(KS), help="draft tokens per step (4 is the headline)")
+    parser.add_argument("--draft-ahead", action="store_true", help="the draft drafts ahead while the target verifies")
+    parser.add_argument("--draft-gpu", type=int, default=None, help="the draft service on this GPU alone")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "gpu_e2e.json")
     args = parser.parse_args()
+    batches, ks = args.batches, args.ks
     device = "cpu" if args.tiny else "cuda"
     dtype = "float32" if args.tiny else "bfloat16"
     target_shape, draft_shape = (TINY, TINY) if args.tiny else (LLAMA_8B, LLAMA_1B)
@@ -147,24 +155,26 @@ def main() -> None:
             references = {}  # bf16 greedy output depends on the batch and verify shapes (see the oracle's reference)
             with grpc.insecure_channel(plain) as channel:
                 stub = gateway_pb2_grpc.GatewayStub(channel)
-                for batch in BATCHES:
+                for batch in batches:
                     result = run_config(stub, prompts, batch, args.max_new_tokens, 0)
                     metrics[f"target_only_tok_s_bs{batch}"] = result["tok_s"]
                     metrics[f"target_only_step_ms_bs{batch}"] = result["step_ms"]
                     references[batch] = result["token_ids"]
-            metrics["target_only_outputs_differ_bs1_vs_bs8"] = sum(a != b for a, b in zip(*references.values()))
+            if len(references) == 2:
+                metrics["target_only_outputs_differ_bs1_vs_bs8"] = sum(a != b for a, b in zip(*references.values()))
             continuations = work / "continuations.json"
             continuations.write_text("[]")
             started = time.perf_counter()
             draft = trio.wait_ready(trio.spawn("draft", "bench.oracle_draft", [
                 "--model", draft_model, "--continuations", str(continuations),
-                "--alphas", *map(str, ALPHAS), *common]), 900)
+                "--alphas", *map(str, ALPHAS), *(["--draft-ahead"] if args.draft_ahead else []), *common],
+                env={"CUDA_VISIBLE_DEVICES": str(args.draft_gpu)} if args.draft_gpu is not None else None), 900)
             metrics["draft_start_s"] = time.perf_counter() - started
             gateway = trio.wait_ready(trio.spawn("gateway", "gateway", ["--target", target, "--draft", draft, "--log-level", "WARNING"]), 60)
             with grpc.insecure_channel(gateway) as channel:
                 stub = gateway_pb2_grpc.GatewayStub(channel)
-                for batch in BATCHES:
-                    for k in KS:
+                for batch in batches:
+                    for k in ks:
                         # the reference: the target's greedy output with the same verify shapes (q = k + 1),
                         # from the real random-weight draft (every proposal rejected)
                         result = run_config(stub, prompts, batch, args.max_new_tokens, k, "plain")
@@ -175,8 +185,12 @@ def main() -> None:
                         continuations.write_text(json.dumps(
                             [{"prompt_ids": p, "token_ids": t} for p, t in zip(prompt_ids, reference)]))
                         for alpha in ALPHAS:
+                            ahead_before = ahead_counts(draft)
                             result = run_config(stub, prompts, batch, args.max_new_tokens, k, f"oracle-{alpha:g}")
                             name = f"alpha{alpha:g}_k{k}_bs{batch}"
+                            if args.draft_ahead:
+                                hits, misses = (a - b for a, b in zip(ahead_counts(draft), ahead_before))
+                                result["ahead_hit_rate"] = hits / max(1, hits + misses)
                             metrics[f"spec_tok_s_{name}"] = result["tok_s"]
                             ids = result.pop("token_ids")
                             result["outputs_differ_from_reference"] = sum(a != b for a, b in zip(ids, reference))
@@ -189,22 +203,30 @@ def main() -> None:
     metrics["rpc_overhead_fraction"] = best["rpc_overhead_fraction"]
     metrics["acceptance_alpha0.8_k4_bs1"] = best["acceptance_rate"]
     metrics["mean_accepted_len_alpha0.8_k4_bs1"] = best["mean_accepted_len"]
-    for batch in BATCHES:
-        metrics[f"target_only_tok_s_bs{batch}"] = metrics[f"target_only_tok_s_bs{batch}"]
+    if args.draft_ahead:
+        metrics["ahead_hit_rate_alpha0.8_k4_bs1"] = best["ahead_hit_rate"]
+    for batch in batches:
         metrics[f"spec_over_target_only_alpha0.8_k4_bs{batch}"] = (
             metrics[f"spec_tok_s_alpha0.8_k4_bs{batch}"] / metrics[f"target_only_tok_s_bs{batch}"])
     metrics["target_only_tok_s"] = metrics["target_only_tok_s_bs1"]
     for alpha in ALPHAS:
-        for k in KS:
+        for k in ks:
             metrics[f"spec_tok_s_alpha{alpha:g}_k{k}"] = metrics[f"spec_tok_s_alpha{alpha:g}_k{k}_bs1"]
     write_report(args.out, metrics, details)  # HF's compile takes minutes: keep what we have
     if not args.skip_hf:
-        for batch in BATCHES:
+        for batch in batches:
             metrics[f"hf_static_tok_s_bs{batch}"] = hf_static_tok_s(target_shape, prompt_ids, batch,
                                                                      args.max_new_tokens, device)
         metrics["hf_static_tok_s"] = metrics["hf_static_tok_s_bs1"]
         metrics["spec_over_hf_static_alpha0.8_k4_bs1"] = metrics["spec_tok_s_alpha0.8_k4"] / metrics["hf_static_tok_s"]
         write_report(args.out, metrics, details)
+
+
+def ahead_counts(draft: str) -> tuple[int, int]:
+    """The draft service's draft-ahead hits and misses so far."""
+    with grpc.insecure_channel(draft) as channel:
+        stats = draft_pb2_grpc.DraftServiceStub(channel).GetEngineStats(common_pb2.EngineStatsRequest())
+    return stats.num_ahead_hits, stats.num_ahead_misses
 
 
 def write_report(out: Path, metrics: dict[str, float], details: dict[str, dict]) -> None:

@@ -8,7 +8,10 @@ alpha gives 1 + alpha + ... + alpha^k tokens per step (3.36 at alpha 0.8, k 4). 
 through it are synthetic-acceptance results and must be labelled so.
 
 It serves the plain draft as "plain" (the default) and one wrapped draft per alpha as
-"oracle-ALPHA", all sharing the one model and its batching loop.
+"oracle-ALPHA", all sharing the one model and its batching loop. With `--draft-ahead` the model
+drafts ahead (engine/model_drafter.py) and the oracle replaces the chain's first token, its guess
+of the target's next token, like a proposed token: right at rate alpha - so a chain is used after
+all k accepted with that probability, as a draft of acceptance alpha would see.
 Usage: python -m bench.oracle_draft --model M --continuations FILE.json --alphas 0.6 0.8 [service flags]
 """
 from __future__ import annotations
@@ -67,6 +70,8 @@ class OracleDrafter:
 
     async def propose(self, seq: DraftSequence, num_accepted: int, append_ids: list[int],
                       num_draft_tokens: int) -> tuple[list[int], ProposeTiming]:
+        if seq.ahead is not None:
+            seq.ahead = await self._rewrite_guess(seq, seq.ahead)
         draft_ids, timing = await self._inner.propose(seq, num_accepted, append_ids, num_draft_tokens)
         num_prompt, continuation, rng = self._state[id(seq)]
         if continuation is None or not draft_ids:
@@ -85,6 +90,22 @@ class OracleDrafter:
                 break
         seq.token_ids[-len(draft_ids):] = oracle
         return oracle, timing
+
+    async def _rewrite_guess(self, seq: DraftSequence, ahead: asyncio.Future) -> asyncio.Future:
+        """The draft-ahead chain with its first token (at the position after the open proposal)
+        replaced: the target's continuation at rate alpha, a wrong token otherwise."""
+        try:
+            chain, timing = await ahead
+        except Exception:  # noqa: BLE001 - the inner drafter proposes afresh
+            return ahead
+        num_prompt, continuation, rng = self._state[id(seq)]
+        position = len(seq.token_ids) - num_prompt
+        if continuation is not None and chain and position < len(continuation):
+            truth = continuation[position]
+            chain = [truth if rng.random() < self._alpha else (truth + 1) % self.description.vocab_size, *chain[1:]]
+        rewritten = asyncio.get_running_loop().create_future()
+        rewritten.set_result((chain, timing))
+        return rewritten
 
     def release(self, seq: DraftSequence) -> None:
         self._state.pop(id(seq), None)
@@ -107,13 +128,14 @@ def main() -> None:
     parser.add_argument("--continuations", type=Path, required=True,
                         help='JSON list of {"prompt_ids": [...], "token_ids": [...]} (the target\'s greedy output)')
     parser.add_argument("--alphas", type=float, nargs="+", default=[0.6, 0.8, 0.9])
+    parser.add_argument("--draft-ahead", action="store_true", help="the model drafts ahead (engine/model_drafter.py)")
     args = parser.parse_args()
     setup_logging(args.log_level, args.log_format)
     config = runtime_config(args)
     continuations = Continuations(args.continuations)
 
     async def start() -> RunningServer:
-        inner = await model_loader(config, args.max_batch_size)(config.model)
+        inner = await model_loader(config, args.max_batch_size, args.draft_ahead)(config.model)
         drafts = DraftRegistry.of(inner, name="plain")
         for alpha in args.alphas:
             drafts.add(f"oracle-{alpha:g}", OracleDrafter(inner, continuations, alpha))

@@ -24,6 +24,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quantize", choices=["none", "int8"], default=env_default("SPECDEC_DRAFT", "quantize", None),
                         help="weight-only int8 drafts (default: int8 on CPU, where a draft step is bound by the bytes "
                              "it reads; none on GPU). A draft's numerics never change the output")
+    parser.add_argument("--draft-ahead", action=argparse.BooleanOptionalAction,
+                        default=env_default("SPECDEC_DRAFT", "draft_ahead", "0") not in ("0", "false", ""),
+                        help="greedy requests: go on drafting while the target verifies, as if all were accepted; "
+                             "a proposal that finds its chain right costs no draft time (engine/model_drafter.py). "
+                             "For a draft on a device of its own: on a shared one the chain takes the target's time")
     add_server_tls_args(parser, "SPECDEC_DRAFT")
     args = parser.parse_args(argv)
     setup_logging(args.log_level, args.log_format)

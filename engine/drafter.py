@@ -1,6 +1,7 @@
 """The drafter interface the draft service serves, and the per-request draft bookkeeping."""
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -20,6 +21,8 @@ class DraftSequence:
     num_promised_blocks: int = 0  # what KV admission promised (model drafters only)
     sampling: SamplingParams = SamplingParams()  # greedy unless the request samples
     proposal_probs: list[Distribution] = field(default_factory=list)  # what the open proposal was drawn from
+    max_len: int = 0  # prompt + max_new_tokens (model drafters only)
+    ahead: asyncio.Future | None = None  # draft-ahead (engine/model_drafter.py): the open proposal continued
 
     def reconcile(self, num_accepted: int, append_ids: list[int]) -> int:
         """Keeps the first `num_accepted` proposed tokens, drops the rest, appends `append_ids`.

@@ -4,9 +4,22 @@ Proposals of concurrent requests are batched: new sequences' prompts are prefill
 forward, then one proposal loop (engine/draft_loop.py; a single CUDA graph on the GPU) feeds every
 proposing sequence's pending tokens (the committed tokens it has not seen, including the
 "catch-up" last draft token when everything was accepted) and extends all of them together.
+
+Draft-ahead (`ahead=True`, greedy sequences): once a proposal d_1..d_k is answered, the drafter
+goes on while the target verifies it, as if all k were accepted: it feeds d_k and proposes k + 1
+more tokens, g, e_1..e_k (g: its guess of the target's bonus token). If the next propose says all
+k were accepted and the target's token was g, its answer is e_1..e_k, computed already: the
+proposal costs no draft time on the request's critical path (a hit; the timing says 0). Otherwise
+(a miss) the sequence rolls back to the accepted prefix as always, dropping the chain's KV. Greedy
+proposals are a function of the tokens, so a hit answers exactly what a fresh proposal would have;
+the output is the target's either way. Sampled sequences never draft ahead: their proposals draw
+from the draft's generator, and whether a chain was drawn must not depend on timing. The cost:
+up to 2k more KV entries a sequence, and draft forwards that misses throw away - worth it where
+the draft has a device of its own; on a shared one they take its time from the target's verify.
 """
 from __future__ import annotations
 
+import asyncio
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -27,24 +40,27 @@ class _Job:
     seq: DraftSequence
     num_draft_tokens: int  # 0: start (prefill only)
     num_kv_valid: int  # leading tokens whose KV is still correct
+    is_ahead: bool = False  # continues the open proposal; leaves the sequence's tokens alone
 
 
 class ModelDrafter:
     def __init__(
         self, runner: ModelRunner, max_draft_tokens: int = 16, max_batch_size: int = 64,
-        executor: ThreadPoolExecutor | None = None,
+        executor: ThreadPoolExecutor | None = None, ahead: bool = False,
     ) -> None:
-        """`executor`: the thread that loaded `runner` (see batching_loop.torch_thread)."""
+        """`executor`: the thread that loaded `runner` (see batching_loop.torch_thread); `ahead`:
+        draft ahead while the target verifies (module doc)."""
         self.runner = runner
         self.description = runner.description
         self._max_draft_tokens = max_draft_tokens
+        self._ahead = ahead
         self._loop: BatchingLoop[_Job, tuple[list[int], ProposeTiming]] = BatchingLoop(
             self._process, max_batch_size, executor,
             phase_of=lambda job: "prefill" if job.num_draft_tokens == 0 else "propose", inline=runner.inline)
         self.admission = KVAdmission(runner.kv.config.num_blocks, runner.kv.block_size)
         self.draft_loop = DraftLoop(runner)  # on CUDA: captures its graphs (call on the torch thread)
         self._counters = {"num_active_sequences": 0, "num_sequences_started": 0, "num_forwards": 0,
-                          "num_sequence_steps": 0}
+                          "num_sequence_steps": 0, "num_ahead_hits": 0, "num_ahead_misses": 0}
 
     def observe_forwards(self, observer: ForwardObserver) -> None:
         """`observer` hears of every batched step: phase ("prefill", "propose", "mixed"), size, time."""
@@ -61,10 +77,11 @@ class ModelDrafter:
         """Opens a sequence and prefills the prompt into the draft's KV cache."""
         check_new_sequence(prompt_ids, max_new_tokens, self.runner.max_model_len)
         self.runner.check_token_ids(prompt_ids, "prompt_ids")
-        # the draft's KV holds at most the committed tokens plus k - 1 proposals
-        promised = await self.admission.admit(len(prompt_ids) + max_new_tokens + self._max_draft_tokens)
+        # the draft's KV holds at most the committed tokens plus k - 1 proposals (ahead: plus k + 1 more)
+        max_len = len(prompt_ids) + max_new_tokens
+        promised = await self.admission.admit(max_len + self._max_draft_tokens * (2 if self._ahead else 1) + 1)
         seq = DraftSequence(list(prompt_ids), kv=self.runner.kv.new_sequence(), num_promised_blocks=promised,
-                            sampling=sampling)
+                            sampling=sampling, max_len=max_len)
         self._counters["num_active_sequences"] += 1
         self._counters["num_sequences_started"] += 1
         try:
@@ -80,10 +97,41 @@ class ModelDrafter:
         """Rolls back to the accepted prefix, appends the committed tokens, proposes k more."""
         check_propose(num_draft_tokens, self._max_draft_tokens)
         self.runner.check_token_ids(append_ids, "append_ids")
-        num_kept = seq.reconcile(num_accepted, append_ids)
-        return await self._loop.submit(_Job(seq, num_draft_tokens, num_kept))
+        chain = await self._finish_ahead(seq)
+        if chain is not None and num_accepted == seq.num_proposed and append_ids == chain[:1] \
+                and num_draft_tokens == len(chain) - 1:  # all accepted, the target's token guessed
+            self._counters["num_ahead_hits"] += 1
+            seq.token_ids += chain
+            seq.num_proposed = num_draft_tokens
+            result = (chain[1:], ProposeTiming(0))
+        else:
+            self._counters["num_ahead_misses"] += chain is not None
+            num_kept = seq.reconcile(num_accepted, append_ids)
+            result = await self._loop.submit(_Job(seq, num_draft_tokens, num_kept))
+        self._start_ahead(seq, num_draft_tokens)
+        return result
+
+    def _start_ahead(self, seq: DraftSequence, num_draft_tokens: int) -> None:
+        """Continues the open proposal in the background (module doc), where it fits the sequence."""
+        if self._ahead and seq.sampling.is_greedy and len(seq.token_ids) + num_draft_tokens + 1 <= seq.max_len:
+            job = _Job(seq, num_draft_tokens + 1, len(seq.token_ids), is_ahead=True)
+            seq.ahead = asyncio.ensure_future(self._loop.submit(job))
+
+    @staticmethod
+    async def _finish_ahead(seq: DraftSequence) -> list[int] | None:
+        """The sequence's ahead chain (g, e_1..e_k) once computed; None if none was started or it failed."""
+        ahead, seq.ahead = seq.ahead, None
+        if ahead is None:
+            return None
+        try:
+            chain, _ = await ahead
+        except Exception:  # noqa: BLE001 - e.g. no KV room: the proposal is made afresh
+            return None
+        return chain
 
     def release(self, seq: DraftSequence) -> None:
+        if seq.ahead is not None:
+            seq.ahead.cancel()
         self._counters["num_active_sequences"] -= 1
         assert seq.kv is not None
         self._loop.run_serialized(seq.kv.release)
@@ -128,8 +176,9 @@ class ModelDrafter:
                                             [job.seq.sampling for _, job, _ in proposing]) if proposing else []
         timing = ProposeTiming(time.perf_counter_ns() - start)
         for (index, job, _), proposal in zip(proposing, proposals):
-            job.seq.token_ids += proposal.token_ids
-            job.seq.num_proposed = len(proposal.token_ids)
-            job.seq.proposal_probs = proposal.probs
+            if not job.is_ahead:
+                job.seq.token_ids += proposal.token_ids
+                job.seq.num_proposed = len(proposal.token_ids)
+                job.seq.proposal_probs = proposal.probs
             results[index] = (proposal.token_ids, timing)
         return [([], timing) if r is None else r for r in results]

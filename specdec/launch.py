@@ -45,10 +45,11 @@ class Trio:
         self.workdir = workdir
         self.services: list[Service] = []
 
-    def spawn(self, name: str, module: str, args: list[str]) -> Service:
+    def spawn(self, name: str, module: str, args: list[str], env: dict[str, str] | None = None) -> Service:
+        """`env`: variables set for this service on top of ours (e.g. CUDA_VISIBLE_DEVICES)."""
         ready_file = self.workdir / f"{name}.addr"
         command = [sys.executable, "-m", module, "--port", "0", "--ready-file", str(ready_file), *args]
-        service = Service(name, subprocess.Popen(command), ready_file)
+        service = Service(name, subprocess.Popen(command, env={**os.environ, **env} if env else None), ready_file)
         self.services.append(service)
         return service
 

@@ -35,6 +35,9 @@ ENGINE_STATS = {
     "num_sequence_steps": ("specdec_engine_sequence_steps", "counter",
                            "Sequence-steps since start (a forward over 3 sequences counts 3)"),
     "num_kv_blocks_used": ("specdec_engine_kv_blocks_used", "gauge", "KV cache blocks in use"),
+    "num_ahead_hits": ("specdec_engine_ahead_hits", "counter",
+                       "Draft-ahead proposals answered from the chain drafted during the last verify"),
+    "num_ahead_misses": ("specdec_engine_ahead_misses", "counter", "Draft-ahead chains thrown away"),
 }
 
 

@@ -26,7 +26,8 @@ from specdec.v1 import draft_pb2_grpc, gateway_pb2_grpc, target_pb2_grpc  # noqa
 from target_service.server import start_target_server  # noqa: E402
 from tiny_models import build_model_dir, build_reduced_head_draft, build_tokenizer  # noqa: E402
 
-DRAFTS = ("identical", "perturbed", "unrelated", "reduced_head", "int8", "ngram")
+DRAFTS = ("identical", "perturbed", "unrelated", "reduced_head", "int8", "ngram", "ahead")
+AHEAD_DRAFT = "perturbed"  # "ahead" serves this model drafting ahead (engine/model_drafter.py)
 
 
 @pytest.fixture(scope="session")
@@ -76,7 +77,8 @@ def target_server(loop, model_dirs):
 @pytest.fixture(scope="session")
 def draft_servers(loop, model_dirs):
     int8 = "int8" if DEVICE == "cpu" else "none"
-    drafters = {name: ModelDrafter(_runner(model_dirs[name], quantize=int8 if name == "int8" else "none"))
+    drafters = {name: ModelDrafter(_runner(model_dirs[AHEAD_DRAFT if name == "ahead" else name],
+                                           quantize=int8 if name == "int8" else "none"), ahead=name == "ahead")
                 for name in DRAFTS if name != "ngram"}
     drafters["ngram"] = NgramDrafter()
     servers = {name: loop.run(start_draft_server(DraftRegistry.of(d))) for name, d in drafters.items()}

@@ -50,7 +50,7 @@ class EngineStatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class EngineStats(_message.Message):
-    __slots__ = ("num_active_sequences", "num_kv_blocks_used", "num_kv_blocks_total", "kv_block_size", "num_forwards", "num_sequence_steps", "num_sequences_started", "num_waiting_sequences")
+    __slots__ = ("num_active_sequences", "num_kv_blocks_used", "num_kv_blocks_total", "kv_block_size", "num_forwards", "num_sequence_steps", "num_sequences_started", "num_waiting_sequences", "num_ahead_hits", "num_ahead_misses")
     NUM_ACTIVE_SEQUENCES_FIELD_NUMBER: _ClassVar[int]
     NUM_KV_BLOCKS_USED_FIELD_NUMBER: _ClassVar[int]
     NUM_KV_BLOCKS_TOTAL_FIELD_NUMBER: _ClassVar[int]
@@ -59,6 +59,8 @@ class EngineStats(_message.Message):
     NUM_SEQUENCE_STEPS_FIELD_NUMBER: _ClassVar[int]
     NUM_SEQUENCES_STARTED_FIELD_NUMBER: _ClassVar[int]
     NUM_WAITING_SEQUENCES_FIELD_NUMBER: _ClassVar[int]
+    NUM_AHEAD_HITS_FIELD_NUMBER: _ClassVar[int]
+    NUM_AHEAD_MISSES_FIELD_NUMBER: _ClassVar[int]
     num_active_sequences: int
     num_kv_blocks_used: int
     num_kv_blocks_total: int
@@ -67,7 +69,9 @@ class EngineStats(_message.Message):
     num_sequence_steps: int
     num_sequences_started: int
     num_waiting_sequences: int
-    def __init__(self, num_active_sequences: _Optional[int] = ..., num_kv_blocks_used: _Optional[int] = ..., num_kv_blocks_total: _Optional[int] = ..., kv_block_size: _Optional[int] = ..., num_forwards: _Optional[int] = ..., num_sequence_steps: _Optional[int] = ..., num_sequences_started: _Optional[int] = ..., num_waiting_sequences: _Optional[int] = ...) -> None: ...
+    num_ahead_hits: int
+    num_ahead_misses: int
+    def __init__(self, num_active_sequences: _Optional[int] = ..., num_kv_blocks_used: _Optional[int] = ..., num_kv_blocks_total: _Optional[int] = ..., kv_block_size: _Optional[int] = ..., num_forwards: _Optional[int] = ..., num_sequence_steps: _Optional[int] = ..., num_sequences_started: _Optional[int] = ..., num_waiting_sequences: _Optional[int] = ..., num_ahead_hits: _Optional[int] = ..., num_ahead_misses: _Optional[int] = ...) -> None: ...
 
 class SamplingParams(_message.Message):
     __slots__ = ("temperature", "top_p", "top_k", "min_p", "seed")

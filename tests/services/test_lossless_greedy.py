@@ -5,6 +5,8 @@ import pytest
 
 from harness import generate
 
+from specdec.v1 import common_pb2
+
 PROMPTS = [
     "The quick brown fox",
     "def add(a, b):\n    return",
@@ -16,7 +18,7 @@ MAX_NEW_TOKENS = 24
 
 
 @pytest.mark.parametrize("k", [1, 3, 5])
-@pytest.mark.parametrize("draft", ["identical", "perturbed", "unrelated", "reduced_head", "int8", "ngram"])
+@pytest.mark.parametrize("draft", ["identical", "perturbed", "unrelated", "reduced_head", "int8", "ngram", "ahead"])
 def test_concurrent_requests_match_target_greedy(draft, k, gateway_stub, tokenizer, hf_greedy, pool):
     stub = gateway_stub(draft)
     futures = [pool.submit(generate, stub, prompt=p, max_new_tokens=MAX_NEW_TOKENS, num_draft_tokens=k)
@@ -111,3 +113,14 @@ def test_triton_attention_target_matches_target_greedy(k, triton_gateway_stub, t
     for prompt, future in zip(PROMPTS[:3], futures):
         token_ids, _, _ = future.result()
         assert token_ids == hf_greedy(tokenizer.encode(prompt), 16), prompt
+
+
+def test_a_draft_drafting_ahead_answers_some_proposals_from_its_chains(gateway_stub, draft_stub):
+    """The "ahead" draft (the perturbed model, --draft-ahead) over gRPC: outputs above equal the
+    target's; here its counters show chains both used and thrown away."""
+    before = draft_stub("ahead").GetEngineStats(common_pb2.EngineStatsRequest())
+    for prompt in PROMPTS:
+        generate(gateway_stub("ahead"), prompt=prompt, max_new_tokens=MAX_NEW_TOKENS, num_draft_tokens=1)
+    after = draft_stub("ahead").GetEngineStats(common_pb2.EngineStatsRequest())
+    assert after.num_ahead_hits > before.num_ahead_hits
+    assert after.num_ahead_misses > before.num_ahead_misses
