@@ -115,12 +115,14 @@ class BatchingLoop(Generic[J, R]):
         self.executor = executor or torch_thread()
         self._inline = inline
         self._serialized: Future | None = None  # the last work handed to the worker between batches
+        self._stopped = False
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run())
 
     async def stop(self) -> None:
+        self._stopped = True
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
@@ -136,8 +138,11 @@ class BatchingLoop(Generic[J, R]):
         return await future
 
     def run_serialized(self, fn: Callable[[], None]) -> None:
-        """Runs `fn` on the worker thread between batches (e.g. freeing a sequence's KV)."""
-        self._serialized = self.executor.submit(fn)
+        """Runs `fn` on the worker thread between batches (e.g. freeing a sequence's KV); once the
+        loop has stopped, not at all (streams cancelled by a shutdown free state that goes with the
+        process, and the worker takes no more work)."""
+        if not self._stopped:
+            self._serialized = self.executor.submit(fn)
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()

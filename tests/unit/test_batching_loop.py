@@ -206,3 +206,18 @@ def test_work_pending_on_the_worker_sends_the_next_batch_there_too():
         await loop.submit(1)  # the release has ended
 
     assert _run_inline_scenario(after_release) == ["worker", "loop"]
+
+
+def test_work_handed_over_after_stop_is_dropped_not_raised():
+    """A shutdown stops the loop, then cancels the open streams, whose cleanup frees their state:
+    that must not raise from a finished worker ("cannot schedule new futures after shutdown")."""
+    ran = []
+
+    async def main() -> None:
+        loop: BatchingLoop[int, int] = BatchingLoop(lambda jobs: jobs, max_batch_size=4)
+        loop.start()
+        await loop.stop()
+        loop.run_serialized(lambda: ran.append(True))
+
+    asyncio.run(main())
+    assert ran == []
