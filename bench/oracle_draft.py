@@ -70,7 +70,7 @@ class OracleDrafter:
 
     async def propose(self, seq: DraftSequence, num_accepted: int, append_ids: list[int],
                       num_draft_tokens: int) -> tuple[list[int], ProposeTiming]:
-        if seq.ahead is not None:
+        if seq.ahead is not None and num_accepted == seq.num_proposed == num_draft_tokens:  # it may be used
             seq.ahead = await self._rewrite_guess(seq, seq.ahead)
         draft_ids, timing = await self._inner.propose(seq, num_accepted, append_ids, num_draft_tokens)
         num_prompt, continuation, rng = self._state[id(seq)]

@@ -10,7 +10,8 @@ goes on while the target verifies it, as if all k were accepted: it feeds d_k an
 more tokens, g, e_1..e_k (g: its guess of the target's bonus token). If the next propose says all
 k were accepted and the target's token was g, its answer is e_1..e_k, computed already: the
 proposal costs no draft time on the request's critical path (a hit; the timing says 0). Otherwise
-(a miss) the sequence rolls back to the accepted prefix as always, dropping the chain's KV. Greedy
+(a miss) the sequence rolls back to the accepted prefix as always, dropping the chain's KV; a
+propose that reports a rejection (or asks another k) cancels the chain instead of waiting for it. Greedy
 proposals are a function of the tokens, so a hit answers exactly what a fresh proposal would have;
 the output is the target's either way. Sampled sequences never draft ahead: their proposals draw
 from the draft's generator, and whether a chain was drawn must not depend on timing. The cost:
@@ -97,16 +98,17 @@ class ModelDrafter:
         """Rolls back to the accepted prefix, appends the committed tokens, proposes k more."""
         check_propose(num_draft_tokens, self._max_draft_tokens)
         self.runner.check_token_ids(append_ids, "append_ids")
-        chain = await self._finish_ahead(seq)
-        if chain is not None and num_accepted == seq.num_proposed and append_ids == chain[:1] \
-                and num_draft_tokens == len(chain) - 1:  # all accepted, the target's token guessed
+        # a chain can only be used after all accepted at the same k: wait for it then, else drop it at once
+        could_hit = num_accepted == seq.num_proposed and num_draft_tokens == seq.num_proposed
+        chain = await self._finish_ahead(seq) if could_hit else self._drop_ahead(seq)
+        if chain is not None and append_ids == chain[:1]:  # the target's token guessed
             self._counters["num_ahead_hits"] += 1
             seq.token_ids += chain
             seq.num_proposed = num_draft_tokens
             result = (chain[1:], ProposeTiming(0))
         else:
             self._counters["num_ahead_misses"] += chain is not None
-            num_kept = seq.reconcile(num_accepted, append_ids)
+            num_kept = seq.reconcile(num_accepted, append_ids)  # the next batch also drops the chain's KV
             result = await self._loop.submit(_Job(seq, num_draft_tokens, num_kept))
         self._start_ahead(seq, num_draft_tokens)
         return result
@@ -116,6 +118,13 @@ class ModelDrafter:
         if self._ahead and seq.sampling.is_greedy and len(seq.token_ids) + num_draft_tokens + 1 <= seq.max_len:
             job = _Job(seq, num_draft_tokens + 1, len(seq.token_ids), is_ahead=True)
             seq.ahead = asyncio.ensure_future(self._loop.submit(job))
+
+    def _drop_ahead(self, seq: DraftSequence) -> None:
+        """Cancels the sequence's chain (not computed yet: never; running: its KV is rolled back)."""
+        if seq.ahead is not None:
+            seq.ahead.cancel()
+            seq.ahead = None
+            self._counters["num_ahead_misses"] += 1
 
     @staticmethod
     async def _finish_ahead(seq: DraftSequence) -> list[int] | None:
@@ -132,6 +141,7 @@ class ModelDrafter:
     def release(self, seq: DraftSequence) -> None:
         if seq.ahead is not None:
             seq.ahead.cancel()
+            seq.ahead = None
         self._counters["num_active_sequences"] -= 1
         assert seq.kv is not None
         self._loop.run_serialized(seq.kv.release)

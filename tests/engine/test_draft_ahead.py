@@ -100,3 +100,26 @@ def test_sampled_sequences_never_draft_ahead(model_dirs):
         return started
 
     assert asyncio.run(main()) is False
+
+
+def test_a_rejection_drops_the_chain_without_waiting_for_it(model_dirs):
+    """A propose that reports a rejection cannot use the chain: it is cancelled, not waited for (here
+    before it ever ran: the drafter's forward count equals a plain drafter's)."""
+
+    async def forwards(ahead: bool) -> tuple[int, dict]:
+        drafter = _drafter(model_dirs["perturbed"], ahead)
+        seq = await drafter.start(PROMPT, 40)
+        await drafter.propose(seq, 0, [11], K)
+        await drafter.propose(seq, 0, [12], K)  # the first draft rejected
+        stats = drafter.stats()
+        drafter.release(seq)
+        await drafter.stop()
+        return stats["num_forwards"], stats
+
+    async def main() -> tuple[int, int, dict]:
+        (with_ahead, stats), (plain, _) = await forwards(True), await forwards(False)
+        return with_ahead, plain, stats
+
+    with_ahead, plain, stats = asyncio.run(main())
+    assert with_ahead == plain
+    assert (stats["num_ahead_hits"], stats["num_ahead_misses"]) == (0, 1)
