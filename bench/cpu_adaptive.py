@@ -18,7 +18,7 @@ the noise); `adaptive_over_target_only` likewise. Each comes with its spread ove
 headline `adaptive_over_best_fixed` / `adaptive_over_target_only` are the worst case (min) over
 prompt sets and temperatures, of the medians (and `*_pooled` of the pooled ratios).
 Usage: python bench/cpu_adaptive.py [--drafter model|ngram] [--rounds 8] [--max-new-tokens 48]
-                                    [--sets quoting open] [--temperatures 0 0.8]
+                                    [--sets quoting open] [--temperatures 0 0.8] [--fixed-ks 1 2 4]
 """
 from __future__ import annotations
 
@@ -92,15 +92,18 @@ def main() -> None:
     parser.add_argument("--sets", nargs="+", choices=list(PROMPT_SETS), default=list(PROMPT_SETS),
                         help="prompt sets (a partial run's worst cases cover only these)")
     parser.add_argument("--temperatures", nargs="+", type=float, default=list(TEMPERATURES))
+    parser.add_argument("--fixed-ks", nargs="+", type=int, default=list(FIXED_KS),
+                        help="the fixed k compared with adaptive; the largest is also the policy's cap")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "cpu_adaptive.json")
     args = parser.parse_args()
+    fixed_ks = tuple(args.fixed_ks)
     parser = launch_parser()
-    launch_args = parser.parse_args(["--log-level", "WARNING", "-k", str(max(FIXED_KS)),
+    launch_args = parser.parse_args(["--log-level", "WARNING", "-k", str(max(fixed_ks)),
                                      *(["--drafter", args.drafter] if args.drafter else [])])
-    choose_draft(launch_args, parser)  # the gateway's k (and the adaptive policy's cap) is max(FIXED_KS)
-    configs = {"target_only": 0, **{f"k{k}": k for k in FIXED_KS}, "adaptive": None}
+    choose_draft(launch_args, parser)  # the gateway's k (and the adaptive policy's cap) is max(fixed_ks)
+    configs = {"target_only": 0, **{f"k{k}": k for k in fixed_ks}, "adaptive": None}
     totals: dict[tuple, Totals] = defaultdict(Totals)  # by (round, set, temperature, configuration)
-    steps_by_k: dict[str, list[int]] = defaultdict(lambda: [0] * (max(FIXED_KS) + 1))  # the policy's, by setting
+    steps_by_k: dict[str, list[int]] = defaultdict(lambda: [0] * (max(fixed_ks) + 1))  # the policy's, by setting
     with tempfile.TemporaryDirectory() as tmp:
         trio, address = start_trio(launch_args, Path(tmp))
         try:
@@ -141,7 +144,7 @@ def main() -> None:
                 print(f"{prefix}: {tok_s[name]:.1f} tok/s, per step {1e3 * t.seconds / steps:.1f} ms: target "
                       f"{1e3 * t.counts['target_s'] / steps:.1f}, draft {1e3 * t.counts['draft_s'] / steps:.1f}, "
                       f"tokens {t.counts['tokens'] / steps:.2f}", file=sys.stderr)
-            best_k = max(FIXED_KS, key=lambda k: tok_s[f"k{k}"])
+            best_k = max(fixed_ks, key=lambda k: tok_s[f"k{k}"])
             metrics[f"{setting}_best_fixed_k"] = best_k
             for versus, name in (("best_fixed", f"k{best_k}"), ("target_only", "target_only")):
                 by_round = [by_name["adaptive"].tok_s() / by_name[name].tok_s() for by_name in rounds]
