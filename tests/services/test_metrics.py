@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import time
 
 import grpc
 import pytest
@@ -15,6 +16,20 @@ PROMPTS = ["The quick brown fox", "def add(a, b):\n    return", "Große Straße"
 
 def _run_requests(stub, k: int = 3) -> list[gateway_pb2.GenerationStats]:
     return [generate(stub, prompt=p, max_new_tokens=16, num_draft_tokens=k)[2].stats for p in PROMPTS]
+
+
+def _scrape_when_idle(scrape, port: int, timeout_s: float = 10, **labels: str):
+    """A scrape once the service holds no sequence and no KV block: a stream's state is freed after
+    the client has its final chunk (the gateway's cancel reaches the service a moment later), so the
+    counters settle shortly after the requests; a leak never does."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        result = scrape(port)
+        idle = result.value("specdec_engine_active_sequences", **labels) == 0 \
+            and result.value("specdec_engine_kv_blocks_used", **labels) == 0
+        if idle or time.monotonic() > deadline:
+            return result
+        time.sleep(0.05)
 
 
 def _per_pos(scrape, name: str) -> dict[int, float]:
@@ -73,7 +88,7 @@ def test_invalid_requests_are_counted_by_outcome(observed_gateway, observed_stub
 def test_target_metrics_follow_the_engine(observed_target, observed_stub, scrape):
     before = scrape(observed_target.metrics_port)
     stats = _run_requests(observed_stub)
-    after = scrape(observed_target.metrics_port)
+    after = _scrape_when_idle(scrape, observed_target.metrics_port)
     forwards = after.value("specdec_engine_forwards_total") - before.value("specdec_engine_forwards_total")
     assert forwards > 0
     batches = after.by_label("specdec_engine_forward_seconds_count", "phase")
@@ -98,7 +113,7 @@ def test_target_metrics_follow_the_engine(observed_target, observed_stub, scrape
 def test_draft_metrics_follow_each_loaded_draft(observed_draft, observed_stub, scrape):
     before = scrape(observed_draft.metrics_port)
     stats = _run_requests(observed_stub)
-    after = scrape(observed_draft.metrics_port)
+    after = _scrape_when_idle(scrape, observed_draft.metrics_port, draft="perturbed")
     started = after.value("specdec_engine_sequences_started_total", draft="perturbed") - before.value(
         "specdec_engine_sequences_started_total", draft="perturbed")
     assert started == len(stats)
