@@ -70,24 +70,20 @@ class OracleDrafter:
 
     async def propose(self, seq: DraftSequence, num_accepted: int, append_ids: list[int],
                       num_draft_tokens: int) -> tuple[list[int], ProposeTiming]:
-        if seq.ahead is not None and num_accepted == seq.num_proposed == num_draft_tokens:  # it may be used
+        if seq.may_use_ahead(num_accepted, num_draft_tokens):
             seq.ahead = await self._rewrite_guess(seq, seq.ahead)
         draft_ids, timing = await self._inner.propose(seq, num_accepted, append_ids, num_draft_tokens)
         num_prompt, continuation, rng = self._state[id(seq)]
         if continuation is None or not draft_ids:
             return draft_ids, timing
         done = len(seq.token_ids) - len(draft_ids) - num_prompt  # tokens committed after the prompt
-        vocab = self.description.vocab_size
         oracle = list(draft_ids)
         for j in range(len(draft_ids)):
             if done + j >= len(continuation):
                 break
-            truth = continuation[done + j]
-            if rng.random() < self._alpha:
-                oracle[j] = truth
-            else:
-                oracle[j] = (truth + 1) % vocab  # rejected for sure; later positions cannot count
-                break
+            oracle[j] = self._guess(continuation[done + j], rng)
+            if oracle[j] != continuation[done + j]:
+                break  # rejected for sure; later positions cannot count
         seq.token_ids[-len(draft_ids):] = oracle
         return oracle, timing
 
@@ -101,11 +97,14 @@ class OracleDrafter:
         num_prompt, continuation, rng = self._state[id(seq)]
         position = len(seq.token_ids) - num_prompt
         if continuation is not None and chain and position < len(continuation):
-            truth = continuation[position]
-            chain = [truth if rng.random() < self._alpha else (truth + 1) % self.description.vocab_size, *chain[1:]]
+            chain = [self._guess(continuation[position], rng), *chain[1:]]
         rewritten = asyncio.get_running_loop().create_future()
         rewritten.set_result((chain, timing))
         return rewritten
+
+    def _guess(self, truth: int, rng: random.Random) -> int:
+        """A proposed token: the target's continuation at rate alpha, else a token it rejects."""
+        return truth if rng.random() < self._alpha else (truth + 1) % self.description.vocab_size
 
     def release(self, seq: DraftSequence) -> None:
         self._state.pop(id(seq), None)

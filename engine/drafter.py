@@ -24,6 +24,11 @@ class DraftSequence:
     max_len: int = 0  # prompt + max_new_tokens (model drafters only)
     ahead: asyncio.Future | None = None  # draft-ahead (engine/model_drafter.py): the open proposal continued
 
+    def may_use_ahead(self, num_accepted: int, num_draft_tokens: int) -> bool:
+        """Whether a propose with these arguments can be answered from the draft-ahead chain: only
+        after all of the open proposal was accepted, asking the same k again."""
+        return self.ahead is not None and num_accepted == self.num_proposed == num_draft_tokens
+
     def reconcile(self, num_accepted: int, append_ids: list[int]) -> int:
         """Keeps the first `num_accepted` proposed tokens, drops the rest, appends `append_ids`.
 

@@ -14,9 +14,10 @@ proposal costs no draft time on the request's critical path (a hit; the timing s
 propose that reports a rejection (or asks another k) cancels the chain instead of waiting for it. Greedy
 proposals are a function of the tokens, so a hit answers exactly what a fresh proposal would have;
 the output is the target's either way. Sampled sequences never draft ahead: their proposals draw
-from the draft's generator, and whether a chain was drawn must not depend on timing. The cost:
-up to 2k more KV entries a sequence, and draft forwards that misses throw away - worth it where
-the draft has a device of its own; on a shared one they take its time from the target's verify.
+from the draft's generator, and whether a chain was drawn must not depend on timing. A chain is
+drafted only where it fits within the sequence's own limit (prompt + max_new_tokens), so it needs
+no KV beyond what admission promised. The cost: draft forwards that misses throw away - worth it
+where the draft has a device of its own; on a shared one they take its time from the target's verify.
 """
 from __future__ import annotations
 
@@ -78,9 +79,10 @@ class ModelDrafter:
         """Opens a sequence and prefills the prompt into the draft's KV cache."""
         check_new_sequence(prompt_ids, max_new_tokens, self.runner.max_model_len)
         self.runner.check_token_ids(prompt_ids, "prompt_ids")
-        # the draft's KV holds at most the committed tokens plus k - 1 proposals (ahead: plus k + 1 more)
+        # the draft's KV holds at most the committed tokens plus k - 1 proposals (a draft-ahead chain
+        # is drafted only within max_len)
         max_len = len(prompt_ids) + max_new_tokens
-        promised = await self.admission.admit(max_len + self._max_draft_tokens * (2 if self._ahead else 1) + 1)
+        promised = await self.admission.admit(max_len + self._max_draft_tokens)
         seq = DraftSequence(list(prompt_ids), kv=self.runner.kv.new_sequence(), num_promised_blocks=promised,
                             sampling=sampling, max_len=max_len)
         self._counters["num_active_sequences"] += 1
@@ -98,9 +100,11 @@ class ModelDrafter:
         """Rolls back to the accepted prefix, appends the committed tokens, proposes k more."""
         check_propose(num_draft_tokens, self._max_draft_tokens)
         self.runner.check_token_ids(append_ids, "append_ids")
-        # a chain can only be used after all accepted at the same k: wait for it then, else drop it at once
-        could_hit = num_accepted == seq.num_proposed and num_draft_tokens == seq.num_proposed
-        chain = await self._finish_ahead(seq) if could_hit else self._drop_ahead(seq)
+        chain = None
+        if seq.may_use_ahead(num_accepted, num_draft_tokens):
+            chain = await self._finish_ahead(seq)
+        elif self._cancel_ahead(seq):  # of no use: dropped at once, not waited for
+            self._counters["num_ahead_misses"] += 1
         if chain is not None and append_ids == chain[:1]:  # the target's token guessed
             self._counters["num_ahead_hits"] += 1
             seq.token_ids += chain
@@ -119,12 +123,14 @@ class ModelDrafter:
             job = _Job(seq, num_draft_tokens + 1, len(seq.token_ids), is_ahead=True)
             seq.ahead = asyncio.ensure_future(self._loop.submit(job))
 
-    def _drop_ahead(self, seq: DraftSequence) -> None:
-        """Cancels the sequence's chain (not computed yet: never; running: its KV is rolled back)."""
-        if seq.ahead is not None:
-            seq.ahead.cancel()
-            seq.ahead = None
-            self._counters["num_ahead_misses"] += 1
+    @staticmethod
+    def _cancel_ahead(seq: DraftSequence) -> bool:
+        """Cancels the sequence's chain, if any (not computed yet: never; running: the next batch
+        rolls its KV back); whether there was one."""
+        ahead, seq.ahead = seq.ahead, None
+        if ahead is not None:
+            ahead.cancel()
+        return ahead is not None
 
     @staticmethod
     async def _finish_ahead(seq: DraftSequence) -> list[int] | None:
@@ -139,9 +145,7 @@ class ModelDrafter:
         return chain
 
     def release(self, seq: DraftSequence) -> None:
-        if seq.ahead is not None:
-            seq.ahead.cancel()
-            seq.ahead = None
+        self._cancel_ahead(seq)
         self._counters["num_active_sequences"] -= 1
         assert seq.kv is not None
         self._loop.run_serialized(seq.kv.release)

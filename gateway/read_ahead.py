@@ -25,8 +25,9 @@ class _Failed:
 
 async def read_ahead(source: AsyncIterator[T], max_ahead: int = 1) -> AsyncIterator[T]:
     """Yields what `source` yields, in order, iterating it in a task of its own (`max_ahead` items
-    wait in a queue; the task computes the next one meanwhile). An exception of `source` is raised after the items before it; closing
-    this iterator (or cancelling its consumer) cancels the task and closes `source` there."""
+    wait in a queue; the task computes the next one meanwhile). An exception of `source` is raised
+    after the items before it; closing this iterator (or cancelling its consumer) cancels the task
+    and closes `source` there."""
     queue: asyncio.Queue = asyncio.Queue(max_ahead)
 
     async def produce() -> None:
@@ -34,7 +35,7 @@ async def read_ahead(source: AsyncIterator[T], max_ahead: int = 1) -> AsyncItera
             async with aclosing(source):
                 async for item in source:
                     await queue.put(item)
-        except Exception as e:  # noqa: BLE001 - handed to the consumer, raised there; cancellation (ours) ends the task
+        except Exception as e:  # noqa: BLE001 - raised by the consumer; cancellation (ours) ends the task
             await queue.put(_Failed(e))
         else:
             await queue.put(_END)
