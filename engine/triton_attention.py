@@ -26,6 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
+from engine import pdl
 from engine.batch import ForwardBatch
 
 
@@ -51,7 +52,11 @@ def _paged_attention_kernel(
     DOT_PRECISION: tl.constexpr,
     PROGRAMS: tl.constexpr,  # programs per (sequence, head, query tile), each a run of its key ranges
     DIRECT: tl.constexpr,  # one key range is all there can be: write the output, not a partial
+    USE_PDL: tl.constexpr,
 ):
+    if USE_PDL:  # engine/pdl.py
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     q_tile = tl.program_id(2) // PROGRAMS
@@ -202,7 +207,7 @@ def paged_attention_triton(
         # float32 models stay exact float32 (no TF32), so greedy output matches the reference
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         PROGRAMS=programs, DIRECT=max_splits == 1,
-        num_warps=num_warps, num_stages=num_stages,
+        num_warps=num_warps, num_stages=num_stages, **pdl.launch_options(q.device),
     )
     return out if max_splits == 1 else combine_splits(part_out, part_lse, batch.positions, split_len or 0, out)
 
@@ -211,8 +216,11 @@ def paged_attention_triton(
 def _combine_splits_kernel(
     part_out_ptr, part_lse_ptr, positions_ptr, out_ptr, stride_ps, stride_pt, stride_ph, stride_ot, stride_oh,
     SPLIT_LEN: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, HEAD_DIM: tl.constexpr,
-    BLOCK_D: tl.constexpr,
+    BLOCK_D: tl.constexpr, USE_PDL: tl.constexpr,
 ):
+    if USE_PDL:  # engine/pdl.py
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     # out = sum_s exp(lse_s - lse) * out_s / sum_s exp(lse_s - lse), lse = max_s lse_s, for one (token,
     # head), over the ranges up to the token's own position (the kernel wrote those; later slots may
     # be stale), BLOCK_S ranges at a time in range order
@@ -260,7 +268,7 @@ def combine_splits(
         part_out, part_lse, positions, out, part_out.stride(0), part_out.stride(1), part_out.stride(2),
         out.stride(0), out.stride(1),
         SPLIT_LEN=split_len, NUM_SPLITS=splits, BLOCK_S=COMBINE_BLOCK_S, HEAD_DIM=head_dim,
-        BLOCK_D=triton.next_power_of_2(head_dim),
+        BLOCK_D=triton.next_power_of_2(head_dim), **pdl.launch_options(out.device),
     )
     return out
 

@@ -30,6 +30,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from engine import pdl
 from engine.llama import silu_mul_interleaved
 
 BLOCK_M = 16  # rows per program: the smallest tensor-core tile
@@ -73,7 +74,11 @@ def _skinny_linear_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
+    if USE_PDL:  # engine/pdl.py: wait for the previous kernel before any load or store
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
@@ -152,7 +157,7 @@ def skinny_linear(
         BLOCK_M=BLOCK_M, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         # float32 models stay exact float32 (no TF32)
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
-        num_warps=config.num_warps, num_stages=config.num_stages,
+        num_warps=config.num_warps, num_stages=config.num_stages, **pdl.launch_options(x.device),
     )
     return out
 

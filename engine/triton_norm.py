@@ -7,9 +7,15 @@ import torch
 import triton
 import triton.language as tl
 
+from engine import pdl
+
 
 @triton.jit
-def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, K, stride_x, stride_o, eps, BLOCK_K: tl.constexpr):
+def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, K, stride_x, stride_o, eps, BLOCK_K: tl.constexpr,
+                     USE_PDL: tl.constexpr):
+    if USE_PDL:  # engine/pdl.py
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     row = tl.program_id(0).to(tl.int64)
     k = tl.arange(0, BLOCK_K)
     x = tl.load(x_ptr + row * stride_x + k, mask=k < K, other=0.0)
@@ -28,5 +34,5 @@ def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.
     out = torch.empty_like(x)
     if m:
         _rms_norm_kernel[(m,)](x, weight, out, k, x.stride(0), out.stride(0), eps,
-                               BLOCK_K=triton.next_power_of_2(k), num_warps=8 if k >= 4096 else 4)
+                               BLOCK_K=triton.next_power_of_2(k), num_warps=8 if k >= 4096 else 4, **pdl.launch_options(x.device))
     return out

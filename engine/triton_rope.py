@@ -11,6 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
+from engine import pdl
 from engine.attention import write_kv
 from engine.llama import ModelShape, apply_rope
 
@@ -35,7 +36,11 @@ def _rope_write_kv_kernel(
     stride_qkv, stride_cos, stride_sin, stride_q, stride_slot,
     NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_KVH: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_D: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
+    if USE_PDL:  # engine/pdl.py
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     HALF: tl.constexpr = HEAD_DIM // 2
     token = tl.program_id(0).to(tl.int64)
     d = tl.arange(0, BLOCK_HALF)[None, :]
@@ -85,7 +90,7 @@ def rope_and_write_kv(
         NUM_HEADS=heads, NUM_KV_HEADS=kv_heads, HEAD_DIM=head_dim,
         BLOCK_H=triton.next_power_of_2(heads), BLOCK_KVH=triton.next_power_of_2(kv_heads),
         BLOCK_HALF=triton.next_power_of_2(head_dim // 2), BLOCK_D=triton.next_power_of_2(head_dim),
-        num_warps=4,
+        num_warps=4, **pdl.launch_options(qkv.device),
     )
     return q
 

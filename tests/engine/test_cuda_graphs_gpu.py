@@ -80,3 +80,27 @@ def test_fused_kernels_give_a_token_the_same_logits_in_any_step(model_dirs):
     assert runner.num_eager_steps == 5  # the prefills only: every step above replayed a graph
     for other in (verified, crowded):
         assert torch.equal(decoded, other), f"max |difference| {(decoded.float() - other.float()).abs().max()}"
+
+
+def test_programmatic_dependent_launch_gives_the_same_logits_as_plain_launches(model_dirs, monkeypatch):
+    """engine/pdl.py: with PDL each fused kernel starts while the previous one runs and waits for it
+    at its first line; a missing wait would read a stale activation or KV entry and change bits."""
+    from engine import pdl
+
+    def steps_with(enabled: bool) -> list[torch.Tensor]:
+        monkeypatch.setattr(pdl, "ENABLED", enabled)
+        assert pdl.launch_options(torch.device("cuda"))["USE_PDL"] == enabled  # Hopper: PDL is really on
+        runner = ModelRunner(RuntimeConfig(model=str(model_dirs["target"]), device="cuda", dtype="bfloat16",
+                                           kv_cache_tokens=4096, layer_kernels="fused"))
+        kvs = [runner.kv.new_sequence() for _ in range(3)]
+        runner.forward([StepInput(kv, list(range(3, 3 + n)), 1) for kv, n in zip(kvs, (150, 20, 70))])
+        out = []
+        for step in range(6):  # decodes and verifies of three sequences, every one a graph replay
+            sizes = [1 + (step + i) % 5 for i in range(3)]
+            logits = runner.forward([StepInput(kv, [5 + step + j for j in range(n)], n) for kv, n in zip(kvs, sizes)])
+            out += [x.clone() for x in logits]
+        assert runner.num_eager_steps == 1
+        return out
+
+    plain, dependent = steps_with(False), steps_with(True)
+    assert all(torch.equal(a, b) for a, b in zip(plain, dependent))
