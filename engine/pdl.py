@@ -8,7 +8,7 @@ finished and its writes are visible. So every kernel here waits before it touche
 reads or writes: a kernel sees exactly what it would without PDL, and the results are the same bits.
 
 `launch_options(device)` gives a kernel launch its keyword arguments: the kernel's `USE_PDL`
-constexpr and Triton's `launch_pdl` where PDL is on (CUDA, compute capability 9+, `ENABLED`), else
+constexpr and Triton's `launch_pdl` where PDL is on (`ENABLED`, CUDA, compute capability 9+), else
 `USE_PDL=False` alone (the CPU interpreter knows neither instruction).
 """
 from __future__ import annotations
@@ -19,7 +19,10 @@ from functools import cache
 import torch
 import triton.language as tl
 
-ENABLED = os.environ.get("SPECDEC_PDL", "1") != "0"  # SPECDEC_PDL=0 launches every kernel plainly
+# opt-in (SPECDEC_PDL=1): on the H200 it cuts graph replays (bench/results/gpu_pdl.json: 8B decode
+# 4.41 -> 4.25 ms, 1B k = 4 proposal 4.43-4.54 -> 4.24-4.26 ms), but the trio end to end did not gain
+# (bench/results/gpu_e2e_pdl_ab_{off,on}.json: 277 vs 269 tok/s at alpha 0.8, k 4, batch 1, one run each)
+ENABLED = os.environ.get("SPECDEC_PDL", "0") == "1"
 
 
 def launch_options(device: torch.device) -> dict[str, bool]:
