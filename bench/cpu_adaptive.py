@@ -14,9 +14,12 @@ while configurations run back to back on one prompt see nearly the same speed. S
 adaptive tok/s / the best fixed k's tok/s (each over the set's prompts), the best fixed k being the
 one with the most tokens/s over all rounds (not each round's luckiest, which would favour fixed k by
 the noise); `adaptive_over_target_only` likewise. Each comes with its spread over rounds (`_min`,
-`_max`) and the ratio of the tokens/s over all rounds (`_pooled`, the earlier definition). The
-headline `adaptive_over_best_fixed` / `adaptive_over_target_only` are the worst case (min) over
-prompt sets and temperatures, of the medians (and `*_pooled` of the pooled ratios).
+`_max`), the standard error of its mean over rounds (`_sem`: per-round ratios scatter by 7-34 %
+here, so one run of 8 rounds resolves about +-5 %, not 3 %) and the ratio of the tokens/s over all
+rounds (`_pooled`, the earlier definition). The headline `adaptive_over_best_fixed` /
+`adaptive_over_target_only` are the worst case (min) over prompt sets and temperatures, of the
+medians (and `*_pooled` of the pooled ratios). Every figure also comes as `*_decode`: tokens/s after
+each request's first token (see RATES).
 Usage: python bench/cpu_adaptive.py [--drafter model|ngram] [--rounds 8] [--max-new-tokens 48]
                                     [--sets quoting open] [--temperatures 0 0.8] [--fixed-ks 1 2 4]
 """
@@ -53,6 +56,10 @@ PROMPT_SETS = {
 }
 TEMPERATURES = (0.0, 0.8)
 FIXED_KS = (1, 2, 4)
+# tokens/s of whole requests (the headline), and after each request's first token (`_decode`): k acts
+# only there, and on this 2-core VM a prefill that runs beside the draft's takes 0.2-0.9 s at random
+# (OpenMP threads of two processes spinning on two cores), the largest noise of a request's time
+RATES = {"": Totals.tok_s, "_decode": Totals.decode_tok_s}
 
 
 def run(address: str, prompt: str, max_new_tokens: int, temperature: float, k: int | None,
@@ -79,8 +86,10 @@ def pooled(parts: list[Totals]) -> Totals:
 
 
 def ratio_metrics(prefix: str, by_round: list[float], pooled_ratio: float) -> dict[str, float]:
-    """A ratio's median over rounds (the figure), its spread, and the ratio of the pooled tokens/s."""
+    """A ratio's median over rounds (the figure), its spread, the standard error of its mean over rounds
+    (what one run can tell apart), and the ratio of the pooled tokens/s."""
     return {prefix: statistics.median(by_round), f"{prefix}_min": min(by_round), f"{prefix}_max": max(by_round),
+            f"{prefix}_sem": statistics.stdev(by_round) / len(by_round) ** 0.5 if len(by_round) > 1 else 0.0,
             f"{prefix}_pooled": pooled_ratio}
 
 
@@ -125,36 +134,39 @@ def main() -> None:
             trio.stop()
     metrics: dict[str, float] = {}
     ratios_by_round: dict[str, list[float]] = {}
+    settings = [f"{set_name}_t{temperature:g}" for set_name in args.sets for temperature in args.temperatures]
     for set_name in args.sets:
         for temperature in args.temperatures:
             setting = f"{set_name}_t{temperature:g}"
             rounds = [{name: totals[(r, set_name, temperature, name)] for name in configs} for r in range(args.rounds)]
-            tok_s = {}
             for name, k in configs.items():
                 t = pooled([by_name[name] for by_name in rounds])
-                tok_s[name] = t.tok_s()
                 prefix = f"{setting}_{name}"
-                metrics[f"{prefix}_tok_s"] = tok_s[name]
                 if k != 0:
                     metrics[f"{prefix}_acceptance_rate"] = t.ratio("accepted", "drafted")
                 steps = t.counts["steps"] or 1
                 # the target's forward time per step shows a disturbed run: ~55-63 ms at k = 0 on this VM when
                 # quiet; it counts the prefill too, so it grows with k (fewer steps share it), not only with noise
                 metrics[f"{prefix}_target_ms_per_step"] = 1e3 * t.counts["target_s"] / steps
-                print(f"{prefix}: {tok_s[name]:.1f} tok/s, per step {1e3 * t.seconds / steps:.1f} ms: target "
-                      f"{1e3 * t.counts['target_s'] / steps:.1f}, draft {1e3 * t.counts['draft_s'] / steps:.1f}, "
-                      f"tokens {t.counts['tokens'] / steps:.2f}", file=sys.stderr)
-            best_k = max(fixed_ks, key=lambda k: tok_s[f"k{k}"])
-            metrics[f"{setting}_best_fixed_k"] = best_k
-            for versus, name in (("best_fixed", f"k{best_k}"), ("target_only", "target_only")):
-                by_round = [by_name["adaptive"].tok_s() / by_name[name].tok_s() for by_name in rounds]
-                ratios_by_round[f"{setting}_adaptive_over_{versus}"] = [round(x, 4) for x in by_round]
-                metrics.update(ratio_metrics(f"{setting}_adaptive_over_{versus}", by_round,
-                                             tok_s["adaptive"] / tok_s[name]))
-    settings = [f"{set_name}_t{temperature:g}" for set_name in args.sets for temperature in args.temperatures]
-    for versus in ("best_fixed", "target_only"):
-        metrics[f"adaptive_over_{versus}"] = min(metrics[f"{s}_adaptive_over_{versus}"] for s in settings)
-        metrics[f"adaptive_over_{versus}_pooled"] = min(metrics[f"{s}_adaptive_over_{versus}_pooled"] for s in settings)
+                print(f"{prefix}: {t.tok_s():.1f} tok/s ({t.decode_tok_s():.1f} after the first token), per step "
+                      f"{1e3 * t.seconds / steps:.1f} ms: target {1e3 * t.counts['target_s'] / steps:.1f}, draft "
+                      f"{1e3 * t.counts['draft_s'] / steps:.1f}, tokens {t.counts['tokens'] / steps:.2f}", file=sys.stderr)
+            for suffix, rate in RATES.items():
+                tok_s = {name: rate(pooled([by_name[name] for by_name in rounds])) for name in configs}
+                for name in configs:
+                    metrics[f"{setting}_{name}{suffix}_tok_s"] = tok_s[name]
+                best_k = max(fixed_ks, key=lambda k: tok_s[f"k{k}"])
+                metrics[f"{setting}_best_fixed_k{suffix}"] = best_k
+                for versus, name in (("best_fixed", f"k{best_k}"), ("target_only", "target_only")):
+                    by_round = [rate(by_name["adaptive"]) / rate(by_name[name]) for by_name in rounds]
+                    ratios_by_round[f"{setting}_adaptive_over_{versus}{suffix}"] = [round(x, 4) for x in by_round]
+                    metrics.update(ratio_metrics(f"{setting}_adaptive_over_{versus}{suffix}", by_round,
+                                                 tok_s["adaptive"] / tok_s[name]))
+    for suffix in RATES:
+        for versus in ("best_fixed", "target_only"):
+            name = f"adaptive_over_{versus}{suffix}"
+            metrics[name] = min(metrics[f"{s}_{name}"] for s in settings)
+            metrics[f"{name}_pooled"] = min(metrics[f"{s}_{name}_pooled"] for s in settings)
     save_report("cpu_adaptive", metrics, args.out, draft=launch_args.draft_model or launch_args.drafter,
                 ratios_by_round=ratios_by_round, adaptive_steps_by_k=dict(steps_by_k))
 

@@ -16,11 +16,19 @@ class Totals:
     def tok_s(self) -> float:
         return self.counts["tokens"] / self.seconds if self.seconds else 0.0
 
+    def decode_tok_s(self) -> float:
+        """Tokens after each request's first over the time after it (the gateway's time to first token
+        taken off): the phase where k matters, without the prefill's spread."""
+        seconds = self.seconds - self.counts["ttft_s"]
+        return (self.counts["tokens"] - self.counts["requests"]) / seconds if seconds > 0 else 0.0
+
     def ratio(self, num: str, den: str) -> float:
         return self.counts[num] / self.counts[den] if self.counts[den] else 0.0
 
     def add(self, stats: gateway_pb2.GenerationStats) -> None:
+        self.counts["requests"] += 1
         self.counts["tokens"] += stats.num_completion_tokens
+        self.counts["ttft_s"] += stats.time_to_first_token_s
         self.counts["drafted"] += stats.num_draft_tokens
         self.counts["accepted"] += stats.num_accepted_tokens
         self.counts["steps"] += stats.num_verify_steps
