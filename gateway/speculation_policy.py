@@ -10,7 +10,8 @@ tokens, both as the services report them with every answer (so they reflect the 
 batch load: a verify of k + 1 tokens costs about one decode step on a GPU at small batch, and much
 more on a CPU or a busy GPU), each kept as a cost by k times a speed that all k share, followed by
 a Kalman filter (gateway/forward_times.py: the machine's drift and a step's jitter move every k
-alike instead of whichever k ran then). overhead is the rest of the step's wall time, measured
+alike instead of whichever k ran then, and the extra time of a step right after a change of k is
+learnt apart, so a k measured mostly when a request switched to it is not judged by those steps). overhead is the rest of the step's wall time, measured
 around the whole step in the loop: gRPC round trips, (de)serialisation, the gateway's own work -
 kept apart for steps that draft and steps that do not, because a drafting step adds a round trip to
 the draft service that no forward time shows (on the 2-core CPU: ~4 ms per drafting step against
@@ -151,15 +152,16 @@ class _Estimates:
             self.overhead_s[is_drafting].value = average.value
 
     def record(self, k: int, num_accepted: int, verify_s: float, draft_s: float, step_s: float,
-               is_steady: bool) -> None:
-        """`is_steady`: the step paid no catch-up, its draft time and overhead are a drafting step's own."""
-        self.verify_s.add(k, verify_s)
+               is_steady: bool, switched: bool) -> None:
+        """`is_steady`: the step paid no catch-up, its draft time and overhead are a drafting step's own;
+        `switched`: the request's step before ran another k (or was its prefill)."""
+        self.verify_s.add(k, verify_s, switched)
         if k > 0:
             self.acceptance.add(num_accepted, k)
         if k == 0 or is_steady:
             self.overhead_s[k > 0].add(max(step_s - verify_s - draft_s, 0.0))
         if k > 0 and is_steady:
-            self.draft_s.add(k, draft_s)
+            self.draft_s.add(k, draft_s, switched)
         self.num_steps += 1
         self._last_step[k] = self.num_steps
         if self.forget_after is not None:
@@ -236,6 +238,7 @@ class SpeculationPolicy:
     _planned_k: int = field(init=False)  # the next step's k on the estimates, probes aside
     _probing: bool = field(default=False, init=False)
     _was_drafting: bool = field(init=False)  # the previous step drafted (its draft is caught up)
+    _last_k: int | None = field(default=None, init=False)  # the previous step's (None: the prefill)
     _num_drafting_plans: int = field(default=0, init=False)
 
     def __post_init__(self) -> None:
@@ -268,11 +271,11 @@ class SpeculationPolicy:
     def record(self, k: int, num_accepted: int, verify_s: float, draft_s: float, step_s: float) -> None:
         """What a step of k draft tokens gave: accepted tokens, the two services' forward times and
         the step's wall time in the gateway (from the end of the previous step)."""
-        is_steady = self._was_drafting
-        self._estimates.record(k, num_accepted, verify_s, draft_s, step_s, is_steady)
+        is_steady, switched = self._was_drafting, k != self._last_k
+        self._estimates.record(k, num_accepted, verify_s, draft_s, step_s, is_steady, switched)
         if self.history is not None:
-            self.history.estimates.record(k, num_accepted, verify_s, draft_s, step_s, is_steady)
-        self._was_drafting = k > 0
+            self.history.estimates.record(k, num_accepted, verify_s, draft_s, step_s, is_steady, switched)
+        self._was_drafting, self._last_k = k > 0, k
         if self._probing:
             self.probes.record_probe(num_accepted)
             self._probing = False
