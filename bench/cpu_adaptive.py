@@ -139,8 +139,9 @@ def main() -> None:
         for temperature in args.temperatures:
             setting = f"{set_name}_t{temperature:g}"
             rounds = [{name: totals[(r, set_name, temperature, name)] for name in configs} for r in range(args.rounds)]
+            over_rounds = {name: pooled([by_name[name] for by_name in rounds]) for name in configs}
             for name, k in configs.items():
-                t = pooled([by_name[name] for by_name in rounds])
+                t = over_rounds[name]
                 prefix = f"{setting}_{name}"
                 if k != 0:
                     metrics[f"{prefix}_acceptance_rate"] = t.ratio("accepted", "drafted")
@@ -152,7 +153,7 @@ def main() -> None:
                       f"{1e3 * t.seconds / steps:.1f} ms: target {1e3 * t.counts['target_s'] / steps:.1f}, draft "
                       f"{1e3 * t.counts['draft_s'] / steps:.1f}, tokens {t.counts['tokens'] / steps:.2f}", file=sys.stderr)
             for suffix, rate in RATES.items():
-                tok_s = {name: rate(pooled([by_name[name] for by_name in rounds])) for name in configs}
+                tok_s = {name: rate(t) for name, t in over_rounds.items()}
                 for name in configs:
                     metrics[f"{setting}_{name}{suffix}_tok_s"] = tok_s[name]
                 best_k = max(fixed_ks, key=lambda k: tok_s[f"k{k}"])

@@ -11,6 +11,7 @@ COST_DRIFT = 1e-4  # variance a step of a k's log cost (a GPU's batch makes long
 SWITCH_PRIOR = 0.1  # standard deviation of the log penalty of a step whose k differs from the last one's
 SPEED = -1  # ForwardTimes' index of the speed, next to the costs' (k >= 0)
 SWITCH = -2  # and of the penalty of a step at another k than the step before
+DRIFT = {SPEED: SPEED_DRIFT, SWITCH: 0.0}  # a step's variance added to each term (the costs: COST_DRIFT)
 
 
 @dataclass
@@ -41,7 +42,7 @@ class ForwardTimes:
         if seconds <= 0:
             return
         for i in self.cov:
-            self.cov[i][i] += SPEED_DRIFT if i == SPEED else 0.0 if i == SWITCH else COST_DRIFT
+            self.cov[i][i] += DRIFT.get(i, COST_DRIFT)
         terms = [SPEED, SWITCH] if switched else [SPEED]
         y = math.log(seconds)
         if k not in self.mean:  # the cost this step says, as uncertain as its other terms, plus its jitter

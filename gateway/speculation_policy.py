@@ -11,8 +11,9 @@ batch load: a verify of k + 1 tokens costs about one decode step on a GPU at sma
 more on a CPU or a busy GPU), each kept as a cost by k times a speed that all k share, followed by
 a Kalman filter (gateway/forward_times.py: the machine's drift and a step's jitter move every k
 alike instead of whichever k ran then, and the extra time of a step right after a change of k is
-learnt apart, so a k measured mostly when a request switched to it is not judged by those steps). overhead is the rest of the step's wall time, measured
-around the whole step in the loop: gRPC round trips, (de)serialisation, the gateway's own work -
+learnt apart, so a k measured mostly when a request switched to it is not judged by those steps).
+overhead is the rest of the step's wall time, measured around the whole step in the loop: gRPC
+round trips, (de)serialisation, the gateway's own work -
 kept apart for steps that draft and steps that do not, because a drafting step adds a round trip to
 the draft service that no forward time shows (on the 2-core CPU: ~4 ms per drafting step against
 ~2 ms per target-only step, next to a 14 ms draft forward and a 57 ms verify), as moving averages.
