@@ -19,7 +19,8 @@ here, so one run of 8 rounds resolves about +-5 %, not 3 %) and the ratio of the
 rounds (`_pooled`, the earlier definition). The headline `adaptive_over_best_fixed` /
 `adaptive_over_target_only` are the worst case (min) over prompt sets and temperatures, of the
 medians (and `*_pooled` of the pooled ratios). Every figure also comes as `*_decode`: tokens/s after
-each request's first token (see RATES).
+each request's first token (see RATES). Sampled requests set `ignore_eos` and all run to
+max_new_tokens (see `run`); greedy ones end where the target's output does, the same under every configuration.
 Usage: python bench/cpu_adaptive.py [--drafter model|ngram] [--rounds 8] [--max-new-tokens 48]
                                     [--sets quoting open] [--temperatures 0 0.8] [--fixed-ks 1 2 4]
 """
@@ -64,7 +65,10 @@ RATES = {"": Totals.tok_s, "_decode": Totals.decode_tok_s}
 
 def run(address: str, prompt: str, max_new_tokens: int, temperature: float, k: int | None,
         totals: Totals) -> gateway_pb2.GenerationStats:
-    request = gateway_pb2.GenerateRequest(max_new_tokens=max_new_tokens, temperature=temperature)
+    # a sampled request draws differently under each configuration, so where it ends varies with them
+    # (and a longer one amortizes its prefill better): sampled requests run past the end token to max_new_tokens
+    request = gateway_pb2.GenerateRequest(max_new_tokens=max_new_tokens, temperature=temperature,
+                                          ignore_eos=temperature > 0)
     request.chat.messages.add(role="user", content=prompt)
     if k is not None:  # unset: the gateway's adaptive policy chooses k per step
         request.num_draft_tokens = k

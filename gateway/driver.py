@@ -84,7 +84,7 @@ class Driver:
     async def _generate(self, params: GenerationParams, api: str, timeout_s: float | None) -> AsyncIterator[Delta]:
         stats = RequestStats(num_prompt_tokens=len(params.prompt_ids), request_id=current_request_id())
         output = CompletionOutput(self.tokenizer, params.prompt_ids, params.max_new_tokens, params.stop,
-                                  self._eos_token_ids)
+                                  [] if params.ignore_eos else self._eos_token_ids)
         streams = RequestStreams(self._backends, params.draft_model, params.num_draft_tokens > 0, timeout_s)
         outcome = OUTCOME_ERROR
         gauge = self.metrics.waiting

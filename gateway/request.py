@@ -24,6 +24,7 @@ class GenerationParams:
     draft_model: str = ""  # a draft loaded on the draft service; "": its default
     sampling: SamplingParams = SamplingParams()  # greedy unless the request sets a temperature
     adaptive: bool = False  # k chosen per step (gateway/speculation_policy.py) instead of fixed
+    ignore_eos: bool = False  # end-of-sequence tokens are ordinary output; only length or a stop string ends it
 
 
 def parse_request(
@@ -62,7 +63,7 @@ def parse_request(
     seeded = not sampling.is_greedy and request.HasField("seed")
     adaptive = config.adaptive_num_draft_tokens and not request.HasField("num_draft_tokens") and not seeded
     return GenerationParams(prompt_ids, max_new, k, _check_stop(list(request.stop), config), draft_model, sampling,
-                            adaptive)
+                            adaptive, request.ignore_eos)
 
 
 def _sampling(request: gateway_pb2.GenerateRequest) -> SamplingParams:

@@ -33,7 +33,7 @@ class ChatMessages(_message.Message):
     def __init__(self, messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("prompt", "chat", "max_new_tokens", "stop", "num_draft_tokens", "temperature", "draft_model", "top_p", "top_k", "min_p", "seed")
+    __slots__ = ("prompt", "chat", "max_new_tokens", "stop", "num_draft_tokens", "temperature", "draft_model", "top_p", "top_k", "min_p", "seed", "ignore_eos")
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     CHAT_FIELD_NUMBER: _ClassVar[int]
     MAX_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -45,6 +45,7 @@ class GenerateRequest(_message.Message):
     TOP_K_FIELD_NUMBER: _ClassVar[int]
     MIN_P_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
+    IGNORE_EOS_FIELD_NUMBER: _ClassVar[int]
     prompt: str
     chat: ChatMessages
     max_new_tokens: int
@@ -56,7 +57,8 @@ class GenerateRequest(_message.Message):
     top_k: int
     min_p: float
     seed: int
-    def __init__(self, prompt: _Optional[str] = ..., chat: _Optional[_Union[ChatMessages, _Mapping]] = ..., max_new_tokens: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., num_draft_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., draft_model: _Optional[str] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., min_p: _Optional[float] = ..., seed: _Optional[int] = ...) -> None: ...
+    ignore_eos: bool
+    def __init__(self, prompt: _Optional[str] = ..., chat: _Optional[_Union[ChatMessages, _Mapping]] = ..., max_new_tokens: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., num_draft_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., draft_model: _Optional[str] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., min_p: _Optional[float] = ..., seed: _Optional[int] = ..., ignore_eos: _Optional[bool] = ...) -> None: ...
 
 class GenerationStats(_message.Message):
     __slots__ = ("num_prompt_tokens", "num_completion_tokens", "num_draft_tokens", "num_accepted_tokens", "acceptance_rate", "num_verify_steps", "mean_accepted_len", "time_to_first_token_s", "tokens_per_s", "draft_forward_s", "target_forward_s", "time_per_output_token_s", "num_accepted_tokens_per_pos", "request_id", "num_steps_by_k")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import openai
 import pytest
-from harness import generate
+from harness import generate, seed_ending_at_eos
 
 from specdec.request_id import REQUEST_ID_KEY
 from specdec.v1 import gateway_pb2
@@ -87,6 +87,14 @@ def test_stop_string_ends_the_completion(client, model, observed_stub):
     response = client.completions.create(model=model, prompt=PROMPT, max_tokens=20, stop=stop)
     assert response.choices[0].finish_reason == "stop"
     assert response.choices[0].text == text[:text.index(stop)]
+
+
+def test_ignore_eos_completes_to_max_tokens(client, model, observed_stub):
+    seed, ended = seed_ending_at_eos(observed_stub, prompt=PROMPT, max_new_tokens=48, temperature=2.0)
+    response = client.completions.create(model=model, prompt=PROMPT, max_tokens=48, temperature=2.0, seed=seed,
+                                         extra_body={"ignore_eos": True})
+    assert response.choices[0].finish_reason == "length"
+    assert response.usage.completion_tokens == 48 > len(ended)
 
 
 @pytest.mark.parametrize("fields, fragment", [

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from harness import generate
+from harness import generate, seed_ending_at_eos
+
+from specdec.v1 import gateway_pb2
 
 PROMPTS = ["The quick brown fox", "Speculative decoding is", "Once upon a time", "1 2 3 4 5 6",
            "Hello, world", "A B C D", "tokens tokens tokens", "the the the"]
@@ -49,3 +51,15 @@ def test_sampled_speculation_reports_acceptance(gateway_stub):
                           num_draft_tokens=4)
     assert peaked.stats.acceptance_rate > 0.5 > flat.stats.acceptance_rate
     assert sum(peaked.stats.num_steps_by_k) == peaked.stats.num_verify_steps
+
+
+
+def test_ignore_eos_generates_past_the_end_of_sequence_token_to_max_new_tokens(gateway_stub, tokenizer):
+    # near-uniform draws (temperature 100) over the tiny model's 400 tokens
+    request = dict(prompt="Once upon a time", max_new_tokens=48, temperature=100.0, num_draft_tokens=2)
+    seed, ended = seed_ending_at_eos(gateway_stub("perturbed"), **request)
+    assert len(ended) < request["max_new_tokens"]
+    past, _, final = generate(gateway_stub("perturbed"), seed=seed, ignore_eos=True, **request)
+    assert final.finish_reason == gateway_pb2.FINISH_REASON_LENGTH
+    assert len(past) == final.stats.num_completion_tokens == request["max_new_tokens"]
+    assert past[:len(ended) + 1] == ended + [tokenizer.eos_token_id]  # the same draws, on through the end token
