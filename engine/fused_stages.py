@@ -11,7 +11,8 @@ Per layer, seven kernels around attention instead of a dozen:
   hidden  += skinny_linear(silu_mul(skinny_linear(x)))  (gate/up with the activation fused, then
                                                          down_proj with the residual fused)
 
-and the LM head as two more (final norm, product). These kernels compute a row as if it were
+and the LM head as two more (final norm, product; a draft's reduced head, engine/subset_head.py,
+its rows' product placed into the vocabulary). These kernels compute a row as if it were
 alone, and with them the engine fixes attention's key ranges (engine/triton_attention.py), so a
 token's logits are the same bits in a decode, a verify, or any batch around it.
 
@@ -29,6 +30,7 @@ from __future__ import annotations
 import torch
 
 from engine.llama import CausalLM, DecoderLayer, LayerStages
+from engine.subset_head import SubsetLMHead
 from engine.triton_linear import skinny_linear
 from engine.triton_norm import rms_norm_triton
 from engine.triton_rope import rope_and_write_kv
@@ -63,7 +65,10 @@ class FusedStages(LayerStages):
         if not self._is_fused_step(hidden):
             return super().logits(model, hidden)
         x = rms_norm_triton(hidden, model.norm, model.eps)
-        return skinny_linear(x, model.lm_head.weight, model.lm_head.bias).float()
+        head = model.lm_head
+        if isinstance(head, SubsetLMHead):  # a draft's reduced head: its rows' product, -inf elsewhere
+            return head.to_vocab(skinny_linear(x, head.rows.weight).float())
+        return skinny_linear(x, head.weight, head.bias).float()
 
     def _is_fused_step(self, hidden: torch.Tensor) -> bool:
         if not hidden.is_cuda:

@@ -28,7 +28,10 @@ class SubsetLMHead(nn.Module):
     def subset_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [..., len(vocab_ids)]
         return self.rows(hidden)
 
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:  # [..., vocab_size], -inf outside the subset
-        sub = self.subset_logits(hidden)
+    def to_vocab(self, sub: torch.Tensor) -> torch.Tensor:  # [..., len(vocab_ids)] -> [..., vocab_size]
+        """Subset logits placed at their token ids, -inf elsewhere."""
         full = sub.new_full((*sub.shape[:-1], self.vocab_size), float("-inf"))
         return full.index_copy_(-1, self.vocab_ids, sub)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:  # [..., vocab_size], -inf outside the subset
+        return self.to_vocab(self.subset_logits(hidden))

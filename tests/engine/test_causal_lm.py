@@ -7,7 +7,7 @@ from transformers import AutoModelForCausalLM
 
 from engine.batch import StepInput
 from engine.model_runner import ModelRunner, RuntimeConfig
-from tiny_models import build_model_dir
+from tiny_models import build_model_dir, build_reduced_head_draft
 
 
 @pytest.fixture(scope="module", params=["llama", "qwen2"])
@@ -65,3 +65,24 @@ def test_fused_layer_kernels_compute_the_reference_logits(model_dir):
         [verify] = runner.forward([StepInput(kv, ids[25:], num_logits=len(ids) - 25)])
         results.append(torch.cat([decode, verify]))
     torch.testing.assert_close(results[1], results[0], atol=1e-4, rtol=1e-4)
+
+
+def test_fused_kernels_serve_a_draft_with_a_reduced_lm_head(tmp_path, tokenizer):
+    """A distilled draft keeps only some rows of its LM head (engine/subset_head.py, like the shipped
+    draft): the fused stages' head computes those rows and leaves -inf elsewhere, as the reference does."""
+    target = build_model_dir(tmp_path / "target", tokenizer, seed=7)
+    draft = build_reduced_head_draft(tmp_path / "draft", target)
+    ids = list(range(10, 40))
+    results = []
+    for kernels in ("reference", "fused"):
+        runner = ModelRunner(RuntimeConfig(model=str(draft), kv_cache_tokens=256, kv_block_size=4,
+                                           layer_kernels=kernels, attention_backend="reference"))
+        kv = runner.kv.new_sequence()
+        runner.forward([StepInput(kv, ids[:24], num_logits=1)])
+        [decode] = runner.forward([StepInput(kv, ids[24:25], num_logits=1)])
+        [verify] = runner.forward([StepInput(kv, ids[25:], num_logits=len(ids) - 25)])
+        results.append(torch.cat([decode, verify]))
+    kept = torch.isfinite(results[0])
+    assert kept[:, ::2].all() and not kept[:, 1::2].any()  # the draft keeps every second row
+    assert torch.equal(torch.isfinite(results[1]), kept)
+    torch.testing.assert_close(results[1][kept], results[0][kept], atol=1e-4, rtol=1e-4)
