@@ -11,8 +11,12 @@ Writes bench/results/gpu_e2e.json. `--tiny` runs the same flow with tiny models 
 of the script, no meaningful numbers). `--draft-ahead` has the draft draft ahead while the target
 verifies (engine/model_drafter.py; the oracle also replaces the chain's guess of the target's
 token at rate alpha), `--draft-gpu N` runs the draft service on GPU N alone (a machine of several).
+`--draft-head-rows N` gives the draft an LM head of N vocabulary rows (engine/subset_head.py, as
+the shipped distilled draft has; EAGLE-3's Llama drafts keep 32k of 128k): a smaller product each
+draft forward, verification unchanged.
 Usage: python bench/gpu_e2e.py [--tiny] [--skip-hf] [--layer-kernels auto|fused|reference]
-                               [--batches 1 8] [--ks 2 4] [--draft-ahead] [--draft-gpu N] [--out PATH]
+                               [--batches 1 8] [--ks 2 4] [--draft-ahead] [--draft-gpu N]
+                               [--draft-head-rows N] [--out PATH]
 """
 from __future__ import annotations
 
@@ -32,6 +36,9 @@ from transformers import AutoModelForCausalLM, LlamaConfig
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
+from distill.export import export_draft  # noqa: E402
+from engine.model_source import load_pretrained  # noqa: E402
+from engine.subset_head import SubsetLMHead  # noqa: E402
 from report import save_report  # noqa: E402
 from specdec.client import collect  # noqa: E402
 from specdec.launch import Trio  # noqa: E402
@@ -52,6 +59,17 @@ def write_model_dir(path: Path, shape: dict, tokenizer) -> str:
     LlamaConfig(**shape, bos_token_id=1, eos_token_id=2).save_pretrained(path)
     tokenizer.save_pretrained(path)
     return f"random:{path}"
+
+
+def write_reduced_head_draft(path: Path, base: str, head_rows: int) -> str:
+    """A distilled-draft directory (engine/model_source.py) over the random model `base`: all its layers,
+    and an LM head of its first `head_rows` vocabulary rows (which rows is immaterial with random weights)."""
+    loaded = load_pretrained(base, torch.bfloat16, torch.device("cpu"), path / "cache")
+    model = loaded.hf_model
+    model.lm_head = SubsetLMHead(model.lm_head.weight, torch.arange(head_rows))
+    export_draft(model, loaded.tokenizer, path, base, tuple(range(model.config.num_hidden_layers)), torch.bfloat16,
+                 {"benchmark": f"random weights, LM head of {head_rows} rows"})
+    return str(path)
 
 
 def prompts_text(tokenizer, count: int, num_tokens: int) -> list[str]:
@@ -127,6 +145,8 @@ def main() -> None:
     parser.add_argument("--ks", type=int, nargs="+", default=list(KS), help="draft tokens per step (4 is the headline)")
     parser.add_argument("--draft-ahead", action="store_true", help="the draft drafts ahead while the target verifies")
     parser.add_argument("--draft-gpu", type=int, default=None, help="the draft service on this GPU alone")
+    parser.add_argument("--draft-head-rows", type=int, default=None,
+                        help="the draft's LM head keeps this many vocabulary rows (default: all)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "gpu_e2e.json")
     args = parser.parse_args()
     batches, ks = args.batches, args.ks
@@ -141,6 +161,9 @@ def main() -> None:
         target_model = write_model_dir(work / "target", target_shape, tokenizer)
         draft_model = write_model_dir(work / "draft", {**draft_shape, "num_hidden_layers": 1} if args.tiny else draft_shape,
                                       tokenizer)
+        metrics["draft_head_rows"] = args.draft_head_rows or draft_shape["vocab_size"]
+        if args.draft_head_rows:
+            draft_model = write_reduced_head_draft(work / "draft-reduced-head", draft_model, args.draft_head_rows)
         prompts = prompts_text(tokenizer, args.num_prompts, args.prompt_tokens)
         prompt_ids = [tokenizer.encode(p) for p in prompts]
         common = ["--device", device, "--dtype", dtype, "--max-model-len", "1024", "--log-level", "WARNING",

@@ -45,9 +45,10 @@ def test_graph_replays_match_eager_forwards_and_never_recapture(model_dirs):
 
 @pytest.mark.parametrize("captured", [False, True])
 @pytest.mark.parametrize("sampled", [False, True])
-def test_device_draft_loop_proposes_what_the_stepwise_loop_proposes(model_dirs, captured, sampled):
-    device_loop = DraftLoop(_runner(model_dirs["perturbed"], captured), device_loop=True)
-    stepwise = DraftLoop(_runner(model_dirs["perturbed"], False), device_loop=False)
+@pytest.mark.parametrize("draft", ["perturbed", "reduced_head"])  # reduced: engine/subset_head.py in the graphs
+def test_device_draft_loop_proposes_what_the_stepwise_loop_proposes(model_dirs, captured, sampled, draft):
+    device_loop = DraftLoop(_runner(model_dirs[draft], captured), device_loop=True)
+    stepwise = DraftLoop(_runner(model_dirs[draft], False), device_loop=False)
     compiled_graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
     check_device_loop_matches_stepwise(device_loop, stepwise, sampled=sampled)
     assert device_loop.num_graph_replays == (8 if captured else 0)
