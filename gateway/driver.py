@@ -130,8 +130,7 @@ class Driver:
         """An adaptive request's policy: it starts from what its draft's requests measured and shares
         their probe schedule (a draft that loses is probed rarely over all of them)."""
         history = self._history((params.draft_model, params.sampling.is_greedy))
-        return SpeculationPolicy(params.num_draft_tokens, history=history, probes=history.probes,
-                                 remeasures=history.remeasures)
+        return SpeculationPolicy(params.num_draft_tokens, history=history, probes=history.probes)
 
     def _history(self, key: tuple[str, bool]) -> SpeculationHistory:
         """The shared estimates of a draft's greedy or sampled requests; at most MAX_DRAFT_HISTORIES

@@ -23,17 +23,12 @@ acceptance falls or verifies get expensive, and switches off (k = 0) where it wo
 
 A k not measured yet is estimated optimistically, and then measured: its forward times are those of
 the longest measured k below it (a longer forward costs no less), so it is tried wherever the extra
-tokens it may commit could pay, and from then on its measured times decide. Now and then
-(`RemeasureSchedule`) a drafting step measures another drafting k again where it would win were its
-times one standard deviation shorter than estimated (relative to the best k's, as the filter knows
-them): a k whose first step or two were slow gets another try, beside the best k at the same speed
-(traced: one verify at k = 1 of 73 ms, against ~58 usually, sent a cold request to k = 3 for good).
-A cold request thus measures each k that might win. Such a step costs: the runner-up k commits
-fewer tokens a second, and on the 2-core CPU the step after each change of k runs ~15 % slower (so
-two such steps). Measuring every 8th drafting step cost adaptive ~4 % against fixed k = 1 at
-temperature 0.8 (bench/results/cpu_adaptive_run9.json, after each request's first token: 109 of
-933 steps off k = 1). So the interval doubles after each remeasure that leaves the best k as it was,
-up to `max_interval`, and starts again at `every` when one changes it; a draft's requests share it. Estimates from the short k (a line through them, or
+tokens it may commit could pay, and from then on its measured times decide. One drafting step in
+`REMEASURE_EVERY` measures another drafting k again where it would win were its times one standard
+deviation shorter than estimated (relative to the best k's, as the filter knows them): a k whose
+first step or two were slow gets another try, beside the best k at the same speed (traced: one
+verify at k = 1 of 73 ms, against ~58 usually, sent a cold request to k = 3 for good). A cold
+request thus measures each k that might win. Estimates from the short k (a line through them, or
 the draft's time per token at k = 1) misjudge the long ones: on the 2-core CPU, in one run, a verify took ~62 ms
 at k = 0, ~58 at k = 1 to 3 and ~70 at k = 4, the draft 17 ms at k = 1 but 24 at k = 2 and 28 at
 k = 3 (its first forward also takes the tokens the last verify committed); and growing one k at a
@@ -89,6 +84,7 @@ SEED_TRIALS = 8  # what a draft's history counts for in a new request (its promp
 ACCEPTANCE_MEMORY = 32  # draft positions a request's acceptance remembers
 START_OPTIMISM = 1.5  # prompts' acceptance varies around their draft's average (CPU, greedy: 0.22-0.6)
 RPC_PRIOR_S = 2e-4  # the extra round trip of a drafting step before one is measured (loopback)
+REMEASURE_EVERY = 8  # drafting steps: one in this many may measure another drafting k again
 
 
 @dataclass
@@ -214,42 +210,15 @@ class ProbeSchedule:
 
 
 @dataclass
-class RemeasureSchedule:
-    """When a drafting step measures a runner-up k instead of the best one: after `interval` drafting
-    steps, the interval doubling after each remeasure that left the best k where it was (at most
-    `max_interval`), `every` again after one that changed it."""
-
-    every: int = 8
-    max_interval: int = 128
-    interval: int = field(init=False)
-    num_steps: int = field(default=0, init=False)
-
-    def __post_init__(self) -> None:
-        self.interval = self.every
-
-    def count_drafting_step(self) -> bool:
-        """Counts a step that will draft; True: measure a runner-up in this one (if one qualifies)."""
-        self.num_steps += 1
-        if self.num_steps < self.interval:
-            return False
-        self.num_steps = 0
-        return True
-
-    def record(self, changed_best: bool) -> None:
-        self.interval = self.every if changed_best else min(self.interval * 2, self.max_interval)
-
-
-@dataclass
 class SpeculationHistory:
     """What the requests that used one draft (in one decoding mode) measured, followed slowly, and
-    the probe and remeasure schedules they share."""
+    the probe schedule they share."""
 
     weight: float = 0.05  # of the newest step in the overhead averages
     acceptance_memory: float = 256  # draft positions
     forget_after: int = 256  # steps without a k before its times are measured afresh
     estimates: _Estimates = field(init=False)
     probes: ProbeSchedule = field(default_factory=ProbeSchedule)
-    remeasures: RemeasureSchedule = field(default_factory=RemeasureSchedule)
 
     def __post_init__(self) -> None:
         self.estimates = _Estimates(self.weight, _Acceptance(self.acceptance_memory), self.forget_after)
@@ -266,13 +235,12 @@ class SpeculationPolicy:
     weight: float = 0.3  # of the newest step in the overhead averages
     history: SpeculationHistory | None = None  # shared with the draft's other requests
     probes: ProbeSchedule = field(default_factory=ProbeSchedule)  # the history's, to share it
-    remeasures: RemeasureSchedule = field(default_factory=RemeasureSchedule)  # likewise
     _estimates: _Estimates = field(init=False)
     _planned_k: int = field(init=False)  # the next step's k on the estimates, probes aside
     _probing: bool = field(default=False, init=False)
     _was_drafting: bool = field(init=False)  # the previous step drafted (its draft is caught up)
     _last_k: int | None = field(default=None, init=False)  # the previous step's (None: the prefill)
-    _remeasured_against: int | None = field(default=None, init=False)  # the best k a runner-up ran beside
+    _num_drafting_plans: int = field(default=0, init=False)
 
     def __post_init__(self) -> None:
         self._estimates = _Estimates(self.weight, _Acceptance(ACCEPTANCE_MEMORY))
@@ -312,9 +280,6 @@ class SpeculationPolicy:
         if self._probing:
             self.probes.record_probe(num_accepted)
             self._probing = False
-        if self._remeasured_against is not None:
-            self.remeasures.record(changed_best=self._best_k(self.acceptance) != self._remeasured_against)
-            self._remeasured_against = None
         self._planned_k = self._plan(is_first_step=False)
 
     def _plan(self, is_first_step: bool) -> int:
@@ -332,20 +297,17 @@ class SpeculationPolicy:
             return 0
         if best == 0 and is_first_step and self._best_k(self.acceptance * START_OPTIMISM) > 0:
             return 1
-        if best > 0 and self.remeasures.count_drafting_step():
-            runner_up = self._runner_up(best)
-            if runner_up == best:  # none could win: as good as a remeasure that confirmed the best
-                self.remeasures.record(changed_best=False)
-            else:
-                self._remeasured_against = best
-            return runner_up
+        if best > 0:
+            self._num_drafting_plans += 1
+            if self._num_drafting_plans % REMEASURE_EVERY == 0:
+                return self._runner_up(best)
         return best
 
     def _runner_up(self, best: int) -> int:
         """The drafting k that would beat `best` if its times relative to best's were one standard
         deviation (`ForwardTimes.spread`) shorter than estimated, else `best`. Measured beside `best`, at
         the same speed, a k that lost on a slow step or two gets its due; one that lost on many is
-        not tried again."""
+        not tried again. It costs at most one step in REMEASURE_EVERY, each by about a spread."""
         rate = self._tokens_per_s(best, self.acceptance)
         others = [k for k in range(1, self.k_max + 1) if k != best]
         runner_up = max(others, key=lambda k: self._tokens_per_s(k, self.acceptance, best), default=best)
