@@ -54,17 +54,20 @@ def test_varlen_batch_equals_sequences_run_alone(model_dir):
 def test_fused_layer_kernels_compute_the_reference_logits(model_dir):
     """engine/fused_stages (Triton, interpreted on CPU) on a decode and a verify step; prefill (more
     rows than a kernel tile) takes the reference stages in both runners."""
+    reference, fused = (_decode_and_verify_logits(model_dir, kernels) for kernels in ("reference", "fused"))
+    torch.testing.assert_close(fused, reference, atol=1e-4, rtol=1e-4)
+
+
+def _decode_and_verify_logits(model_dir, layer_kernels: str) -> torch.Tensor:
+    """A prefill, then the logits of a decode step and a 5-token verify step."""
     ids = list(range(10, 40))
-    results = []
-    for kernels in ("reference", "fused"):
-        runner = ModelRunner(RuntimeConfig(model=str(model_dir), kv_cache_tokens=256, kv_block_size=4,
-                                           layer_kernels=kernels, attention_backend="reference"))
-        kv = runner.kv.new_sequence()
-        runner.forward([StepInput(kv, ids[:24], num_logits=1)])
-        [decode] = runner.forward([StepInput(kv, ids[24:25], num_logits=1)])
-        [verify] = runner.forward([StepInput(kv, ids[25:], num_logits=len(ids) - 25)])
-        results.append(torch.cat([decode, verify]))
-    torch.testing.assert_close(results[1], results[0], atol=1e-4, rtol=1e-4)
+    runner = ModelRunner(RuntimeConfig(model=str(model_dir), kv_cache_tokens=256, kv_block_size=4,
+                                       layer_kernels=layer_kernels, attention_backend="reference"))
+    kv = runner.kv.new_sequence()
+    runner.forward([StepInput(kv, ids[:24], num_logits=1)])
+    [decode] = runner.forward([StepInput(kv, ids[24:25], num_logits=1)])
+    [verify] = runner.forward([StepInput(kv, ids[25:], num_logits=len(ids) - 25)])
+    return torch.cat([decode, verify])
 
 
 def test_fused_kernels_serve_a_draft_with_a_reduced_lm_head(tmp_path, tokenizer):
@@ -72,17 +75,8 @@ def test_fused_kernels_serve_a_draft_with_a_reduced_lm_head(tmp_path, tokenizer)
     draft): the fused stages' head computes those rows and leaves -inf elsewhere, as the reference does."""
     target = build_model_dir(tmp_path / "target", tokenizer, seed=7)
     draft = build_reduced_head_draft(tmp_path / "draft", target)
-    ids = list(range(10, 40))
-    results = []
-    for kernels in ("reference", "fused"):
-        runner = ModelRunner(RuntimeConfig(model=str(draft), kv_cache_tokens=256, kv_block_size=4,
-                                           layer_kernels=kernels, attention_backend="reference"))
-        kv = runner.kv.new_sequence()
-        runner.forward([StepInput(kv, ids[:24], num_logits=1)])
-        [decode] = runner.forward([StepInput(kv, ids[24:25], num_logits=1)])
-        [verify] = runner.forward([StepInput(kv, ids[25:], num_logits=len(ids) - 25)])
-        results.append(torch.cat([decode, verify]))
-    kept = torch.isfinite(results[0])
+    reference, fused = (_decode_and_verify_logits(draft, kernels) for kernels in ("reference", "fused"))
+    kept = torch.isfinite(reference)
     assert kept[:, ::2].all() and not kept[:, 1::2].any()  # the draft keeps every second row
-    assert torch.equal(torch.isfinite(results[1]), kept)
-    torch.testing.assert_close(results[1][kept], results[0][kept], atol=1e-4, rtol=1e-4)
+    assert torch.equal(torch.isfinite(fused), kept)
+    torch.testing.assert_close(fused[kept], reference[kept], atol=1e-4, rtol=1e-4)
