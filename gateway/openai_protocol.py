@@ -55,7 +55,8 @@ class _Request(BaseModel):
         """The common fields; callers set the input."""
         self.check_supported()
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
-        request = gateway_pb2.GenerateRequest(stop=stop, temperature=self.temperature or 0.0, ignore_eos=self.ignore_eos)
+        request = gateway_pb2.GenerateRequest(stop=stop, temperature=self.temperature or 0.0,
+                                              ignore_eos=self.ignore_eos)
         if self.max_tokens is not None:
             request.max_new_tokens = self.max_tokens
         if self.num_draft_tokens is not None:

@@ -53,7 +53,6 @@ def test_sampled_speculation_reports_acceptance(gateway_stub):
     assert sum(peaked.stats.num_steps_by_k) == peaked.stats.num_verify_steps
 
 
-
 def test_ignore_eos_generates_past_the_end_of_sequence_token_to_max_new_tokens(gateway_stub, tokenizer):
     # near-uniform draws (temperature 100) over the tiny model's 400 tokens
     request = dict(prompt="Once upon a time", max_new_tokens=48, temperature=100.0, num_draft_tokens=2)
