@@ -13,10 +13,12 @@ verifies (engine/model_drafter.py; the oracle also replaces the chain's guess of
 token at rate alpha), `--draft-gpu N` runs the draft service on GPU N alone (a machine of several).
 `--draft-head-rows N` gives the draft an LM head of N vocabulary rows (engine/subset_head.py, as
 the shipped distilled draft has; EAGLE-3's Llama drafts keep 32k of 128k): a smaller product each
-draft forward, verification unchanged.
+draft forward, verification unchanged. `--draft-quantize int8` serves the draft with weight-only
+int8 linears (half of bf16's bytes a draft step reads; a draft's numerics change what it proposes,
+never the output; under the oracle, acceptance is the same either way).
 Usage: python bench/gpu_e2e.py [--tiny] [--skip-hf] [--layer-kernels auto|fused|reference]
                                [--batches 1 8] [--ks 2 4] [--draft-ahead] [--draft-gpu N]
-                               [--draft-head-rows N] [--out PATH]
+                               [--draft-head-rows N] [--draft-quantize none|int8] [--out PATH]
 """
 from __future__ import annotations
 
@@ -147,6 +149,8 @@ def main() -> None:
     parser.add_argument("--draft-gpu", type=int, default=None, help="the draft service on this GPU alone")
     parser.add_argument("--draft-head-rows", type=int, default=None,
                         help="the draft's LM head keeps this many vocabulary rows (default: all)")
+    parser.add_argument("--draft-quantize", choices=["none", "int8"], default="none",
+                        help="the draft's weights: int8 halves the bytes a draft step reads (engine/linear.py)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "gpu_e2e.json")
     args = parser.parse_args()
     batches, ks = args.batches, args.ks
@@ -162,6 +166,7 @@ def main() -> None:
         draft_model = write_model_dir(work / "draft", {**draft_shape, "num_hidden_layers": 1} if args.tiny else draft_shape,
                                       tokenizer)
         metrics["draft_head_rows"] = args.draft_head_rows or draft_shape["vocab_size"]
+        metrics["draft_int8"] = float(args.draft_quantize == "int8")
         if args.draft_head_rows:
             draft_model = write_reduced_head_draft(work / "draft-reduced-head", draft_model, args.draft_head_rows)
         prompts = prompts_text(tokenizer, args.num_prompts, args.prompt_tokens)
@@ -190,7 +195,8 @@ def main() -> None:
             started = time.perf_counter()
             draft = trio.wait_ready(trio.spawn("draft", "bench.oracle_draft", [
                 "--model", draft_model, "--continuations", str(continuations),
-                "--alphas", *map(str, ALPHAS), *(["--draft-ahead"] if args.draft_ahead else []), *common],
+                "--alphas", *map(str, ALPHAS), *(["--draft-ahead"] if args.draft_ahead else []),
+                "--quantize", args.draft_quantize, *common],
                 env={"CUDA_VISIBLE_DEVICES": str(args.draft_gpu)} if args.draft_gpu is not None else None), 900)
             metrics["draft_start_s"] = time.perf_counter() - started
             gateway = trio.wait_ready(trio.spawn("gateway", "gateway", ["--target", target, "--draft", draft, "--log-level", "WARNING"]), 60)

@@ -20,6 +20,7 @@ import argparse
 import asyncio
 import json
 import random
+from dataclasses import replace
 from pathlib import Path
 
 from draft_service.registry import DraftRegistry, model_loader
@@ -128,9 +129,10 @@ def main() -> None:
                         help='JSON list of {"prompt_ids": [...], "token_ids": [...]} (the target\'s greedy output)')
     parser.add_argument("--alphas", type=float, nargs="+", default=[0.6, 0.8, 0.9])
     parser.add_argument("--draft-ahead", action="store_true", help="the model drafts ahead (engine/model_drafter.py)")
+    parser.add_argument("--quantize", choices=["none", "int8"], default="none", help="the draft's weights (engine/linear.py)")
     args = parser.parse_args()
     setup_logging(args.log_level, args.log_format)
-    config = runtime_config(args)
+    config = replace(runtime_config(args), quantize=args.quantize)
     continuations = Continuations(args.continuations)
 
     async def start() -> RunningServer:

@@ -6,8 +6,9 @@ that none is still in L2, the way a model's step streams its layers; the time pe
 the ramp between kernels in a graph. Each configuration runs plain and as the model runs that
 product (the norm kernel before it, the activation or residual fused after it). Writes
 bench/results/tune_linear.json: per shape and row count, cuBLAS and the best configurations' ms and
-fraction of the measured copy bandwidth, best first; `*` marks the default configuration.
-Usage: python bench/tune_linear.py [--rows 1 5] [--shapes 8b_qkv ...] [--out PATH]
+fraction of the measured copy bandwidth, best first; `*` marks the default configuration. `--int8`
+times int8 weights with their row scales (a draft's --quantize int8) against cuBLAS on the bf16 ones.
+Usage: python bench/tune_linear.py [--rows 1 5] [--shapes 8b_qkv ...] [--int8] [--out PATH]
 """
 from __future__ import annotations
 
@@ -37,6 +38,7 @@ CONFIGS = ([LaunchConfig(bn, bk, w, s) for bn, bk, w, s in itertools.product((32
            # 16 columns a program: twice the programs, for products too narrow to fill the GPU at 32
            # (Llama-3.2-1B's o_proj and down_proj: N = 2048 is 64 programs of 32 on 132 SMs)
            + [LaunchConfig(16, bk, w, s) for bk, w, s in itertools.product((256, 512), (2, 4), (3, 4))])
+INT8_CONFIGS = CONFIGS + [LaunchConfig(bn, 1024, w, s) for bn, w, s in itertools.product((16, 32), (2, 4), (3, 4))]
 FUSIONS = {  # what the model fuses into each product (engine/fused_stages.py)
     "qkv": "rms_norm", "o": "residual", "gate_up": "rms_norm+silu_mul", "down": "residual", "lm_head": "rms_norm"}
 # rms_norm: engine/triton_norm.py's kernel runs before the product (it is part of the time)
@@ -68,19 +70,28 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "tune_linear.json")
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 5])
     parser.add_argument("--shapes", nargs="+", default=list(SHAPES))
+    parser.add_argument("--int8", action="store_true", help="int8 weights and row scales (engine/linear.Int8Linear)")
     args = parser.parse_args()
+    configs = INT8_CONFIGS if args.int8 else CONFIGS
     bandwidth = copy_bandwidth()
     report: dict[str, object] = {"copy_bandwidth_tb_s": bandwidth / 1e12}
     for name in args.shapes:
         n, k = SHAPES[name]
-        nbytes = n * k * 2
+        nbytes = n * k * (1 if args.int8 else 2)
         copies = max(2, -(-(512 << 20) // nbytes))
-        weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
+        if args.int8:
+            weights = [torch.randint(-127, 128, (n, k), device="cuda", dtype=torch.int8) for _ in range(copies)]
+            int8 = dict(scale=torch.full((n,), 2e-4, device="cuda", dtype=torch.bfloat16))
+            cublas_weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
+                              for _ in range(max(2, -(-(512 << 20) // (2 * n * k))))]
+        else:
+            weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
+            int8, cublas_weights = {}, weights
         fusion = FUSIONS[name.split("_", 1)[1]]
         for rows in args.rows:
             x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
             g = torch.ones(k, device="cuda", dtype=torch.bfloat16)
-            epilogue = dict(silu_mul="silu" in fusion,
+            epilogue = dict(**int8, silu_mul="silu" in fusion,
                             residual=torch.randn(rows, n, device="cuda", dtype=torch.bfloat16)
                             if fusion == "residual" else None)
             def as_model(i: int, c: LaunchConfig) -> torch.Tensor:
@@ -88,10 +99,11 @@ def main() -> None:
                     return skinny_linear(rms_norm_triton(x, g, 1e-5), weights[i], config=c, **epilogue)
                 return skinny_linear(x, weights[i], config=c, **epilogue)
 
-            variants = {"plain": lambda i, c: skinny_linear(x, weights[i], config=c), fusion: as_model}
-            results = {"cublas": graph_ms_per_call(lambda i: F.linear(x, weights[i]), copies)}
-            default = launch_config(n, k)
-            for config, variant in itertools.product(CONFIGS, variants):
+            variants = {"plain": lambda i, c: skinny_linear(x, weights[i], config=c, **int8), fusion: as_model}
+            # cuBLAS on bf16 weights (with --int8 their bytes are twice the bandwidth figure's)
+            results = {"cublas": graph_ms_per_call(lambda i: F.linear(x, cublas_weights[i]), len(cublas_weights))}
+            default = launch_config(n, k, int8=args.int8)
+            for config, variant in itertools.product(configs, variants):
                 try:
                     ms = graph_ms_per_call(lambda i: variants[variant](i, config), copies)
                 except Exception as error:  # noqa: BLE001 - a configuration that does not compile or fit
@@ -110,7 +122,7 @@ def main() -> None:
             entry["cublas"] = {"ms": results["cublas"], "bw": round(nbytes / (results["cublas"] / 1e3) / bandwidth, 3)}
             report[f"{name}_rows{rows}"] = entry
             print(f"{name} rows={rows}: " + ", ".join(f"{label} {v['bw']}" for label, v in entry.items()), flush=True)
-        del weights
+        del weights, cublas_weights
         torch.cuda.empty_cache()
     save_report("tune_linear", report, args.out)
 

@@ -12,7 +12,8 @@ Per layer, seven kernels around attention instead of a dozen:
                                                          down_proj with the residual fused)
 
 and the LM head as two more (final norm, product; a draft's reduced head, engine/subset_head.py,
-its rows' product placed into the vocabulary). These kernels compute a row as if it were
+its rows' product placed into the vocabulary). A draft's int8 linears (--quantize int8,
+engine/linear.Int8Linear) go through the same kernels, which read their int8 rows. These kernels compute a row as if it were
 alone, and with them the engine fixes attention's key ranges (engine/triton_attention.py), so a
 token's logits are the same bits in a decode, a verify, or any batch around it.
 
@@ -28,7 +29,9 @@ rows.
 from __future__ import annotations
 
 import torch
+from torch import nn
 
+from engine.linear import Int8Linear
 from engine.llama import CausalLM, DecoderLayer, LayerStages
 from engine.subset_head import SubsetLMHead
 from engine.triton_linear import skinny_linear
@@ -50,16 +53,16 @@ class FusedStages(LayerStages):
                          k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> torch.Tensor:
         if not self._is_fused_step(hidden):
             return super().attention_inputs(layer, hidden, cos, sin, k_cache, v_cache, slot_mapping)
-        qkv = skinny_linear(rms_norm_triton(hidden, layer.input_norm, layer.eps), layer.qkv.weight, layer.qkv.bias)
+        qkv = _product(rms_norm_triton(hidden, layer.input_norm, layer.eps), layer.qkv)
         return rope_and_write_kv(qkv, cos, sin, k_cache, v_cache, slot_mapping, layer.shape)
 
     def attention_output(self, layer: DecoderLayer, hidden: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
         if not self._is_fused_step(hidden):
             return super().attention_output(layer, hidden, attn)
-        hidden = skinny_linear(attn.flatten(1), layer.o_proj.weight, layer.o_proj.bias, residual=hidden)
+        hidden = _product(attn.flatten(1), layer.o_proj, residual=hidden)
         x = rms_norm_triton(hidden, layer.post_attention_norm, layer.eps)
-        act = skinny_linear(x, layer.gate_up.weight, layer.gate_up.bias, silu_mul=True)
-        return skinny_linear(act, layer.down_proj.weight, layer.down_proj.bias, residual=hidden)
+        act = _product(x, layer.gate_up, silu_mul=True)
+        return _product(act, layer.down_proj, residual=hidden)
 
     def logits(self, model: CausalLM, hidden: torch.Tensor) -> torch.Tensor:
         if not self._is_fused_step(hidden):
@@ -67,10 +70,18 @@ class FusedStages(LayerStages):
         x = rms_norm_triton(hidden, model.norm, model.eps)
         head = model.lm_head
         if isinstance(head, SubsetLMHead):  # a draft's reduced head: its rows' product, -inf elsewhere
-            return head.to_vocab(skinny_linear(x, head.rows.weight).float())
-        return skinny_linear(x, head.weight, head.bias).float()
+            return head.to_vocab(_product(x, head.rows).float())
+        return _product(x, head).float()
 
     def _is_fused_step(self, hidden: torch.Tensor) -> bool:
         if not hidden.is_cuda:
             return hidden.shape[0] <= CPU_MAX_ROWS
         return torch.cuda.is_current_stream_capturing() and (self.max_rows is None or hidden.shape[0] <= self.max_rows)
+
+
+def _product(x: torch.Tensor, linear: nn.Module, **epilogue: object) -> torch.Tensor:
+    """`linear`'s product through the skinny kernel: an nn.Linear's weight, or an Int8Linear's int8 rows
+    and their scales (a draft's --quantize int8)."""
+    if isinstance(linear, Int8Linear):
+        return skinny_linear(x, linear.qweight, linear.bias, scale=linear.scale, **epilogue)
+    return skinny_linear(x, linear.weight, linear.bias, **epilogue)

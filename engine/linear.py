@@ -48,9 +48,15 @@ class CpuLinear(nn.Module):
 
 
 class Int8Linear(nn.Module):
-    """Weight-only int8 (one scale per output row), for drafts on CPU: a quarter of float32's bytes a
-    step reads, products in bfloat16 through PyTorch's CPU int8 kernel. Only for drafts: a draft's
-    numerics change its proposals, never the output (the target verifies every token)."""
+    """Weight-only int8 (one scale per output row), for drafts: half of bfloat16's bytes (a quarter of
+    float32's) a step reads, which bounds a draft's decode step. Only for drafts: a draft's numerics
+    change its proposals, never the output (the target verifies every token).
+
+    On CPU the products run through PyTorch's int8 kernel, in bfloat16. On CUDA the graph steps'
+    fused kernels read the int8 rows directly (engine/triton_linear.py's `scale`); other forwards
+    (prefill chunks, batches past the fused kernels' rows) multiply the dequantized weight, made
+    for the product and dropped after it (compute-bound forwards, where the extra bytes cost little).
+    """
 
     def __init__(self, layer: nn.Module) -> None:
         super().__init__()
@@ -61,19 +67,36 @@ class Int8Linear(nn.Module):
         self.bias = layer.bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.device.type != "cpu":
+            return F.linear(x, dequantize_int8(self.qweight, self.scale, x.dtype), self.bias)
         rows = x.reshape(-1, x.shape[-1]).to(torch.bfloat16).contiguous()
         out = torch.ops.aten._weight_int8pack_mm(rows, self.qweight, self.scale)
         out = out.to(x.dtype).view(*x.shape[:-1], out.shape[-1])
         return out if self.bias is None else out + self.bias
 
 
-def quantize_int8(module: nn.Module) -> None:
-    """Replaces every linear child of `module` (recursively; nn.Linear or CpuLinear) with an Int8Linear."""
+def dequantize_int8(qweight: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """[N, K] int8 rows times their [N] scales, in `dtype`."""
+    return (qweight.float() * scale.float()[:, None]).to(dtype)
+
+
+# On CUDA only products this wide take int8: narrower ones launch too few programs of the skinny
+# kernel to be bound by their bytes. H200, Llama-3.2-1B, 1 row (bench/results/tune_linear_int8.json
+# against tune_linear.json's bf16): gate/up (16384 rows) 12.3 us against 18.0, the LM head 67 against
+# 118; qkv 5.9 against 6.2 and o_proj 5.7 against 5.7, no gain; down_proj (2048 rows, K = 8192) 14.5
+# against 12.6, a loss.
+CUDA_MIN_INT8_OUT_FEATURES = 8192
+
+
+def quantize_int8(module: nn.Module, min_out_features: int = 0) -> None:
+    """Replaces every linear child of `module` (recursively; nn.Linear or CpuLinear) of at least
+    `min_out_features` outputs with an Int8Linear."""
     for name, child in module.named_children():
         if isinstance(child, nn.Linear | CpuLinear):
-            setattr(module, name, Int8Linear(child))
+            if child.weight.shape[0] >= min_out_features:
+                setattr(module, name, Int8Linear(child))
         else:
-            quantize_int8(child)
+            quantize_int8(child, min_out_features)
 
 
 def use_cpu_linear(module: nn.Module) -> None:

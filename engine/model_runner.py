@@ -15,7 +15,7 @@ from engine.attention import paged_attention_reference
 from engine.batch import StepInput, build_forward_batch
 from engine.cuda_graphs import CudaGraphRunner, GraphConfig
 from engine.kv_cache import KVCacheConfig, KVPool
-from engine.linear import quantize_int8, use_cpu_linear
+from engine.linear import CUDA_MIN_INT8_OUT_FEATURES, quantize_int8, use_cpu_linear
 from engine.llama import AttentionFn, CausalLM
 from engine.model_source import LoadedModel, default_cache_dir, load_pretrained
 from engine.tokenizer_info import eos_token_ids, tokenizer_fingerprint
@@ -45,7 +45,7 @@ class RuntimeConfig:
     layer_kernels: str = "auto"
     use_cuda_graphs: bool = True  # decode/verify steps replay captured graphs (CUDA only)
     use_compile: bool = True  # torch.compile each layer's element-wise stages (CUDA only)
-    quantize: str = "none"  # "int8": weight-only int8 linears (CPU; for drafts: engine/linear.Int8Linear)
+    quantize: str = "none"  # "int8": weight-only int8 linears, for drafts (engine/linear.Int8Linear)
     cache_dir: Path = field(default_factory=default_cache_dir)
 
     def __post_init__(self) -> None:
@@ -59,12 +59,8 @@ class RuntimeConfig:
             raise ValueError("max_model_len must be >= 2")
         if self.quantize not in ("none", "int8"):
             raise ValueError(f"quantize must be 'none' or 'int8', got {self.quantize!r}")
-        if self.quantize == "int8" and self.device != "cpu":
-            raise ValueError("int8 weights run on CPU only (--quantize none on GPUs)")
         if self.layer_kernels not in ("auto", "fused", "reference"):
             raise ValueError(f"layer_kernels must be auto, fused or reference, got {self.layer_kernels!r}")
-        if self.layer_kernels == "fused" and self.quantize != "none":
-            raise ValueError("fused layer kernels run unquantized weights (--quantize none)")
         if self.attention_backend not in ("auto", "triton", "reference"):
             raise ValueError(f"attention_backend must be auto, triton or reference, got {self.attention_backend!r}")
 
@@ -99,8 +95,8 @@ class ModelRunner:
         hf_config = loaded.hf_model.config
         self.max_model_len = _max_model_len(hf_config, config.max_model_len)
         self.model = CausalLM(loaded.hf_model, self.max_model_len + POSITION_HEADROOM)
-        if config.quantize == "int8":
-            quantize_int8(self.model)  # CPU only (checked above): engine/linear.Int8Linear
+        if config.quantize == "int8":  # engine/linear.Int8Linear: on CUDA the wide products only
+            quantize_int8(self.model, CUDA_MIN_INT8_OUT_FEATURES if device.type == "cuda" else 0)
         elif device.type == "cpu":
             use_cpu_linear(self.model)  # few-row forwards (verify, catch-up) in MKL's fast form: engine/linear.py
         self.tokenizer = loaded.tokenizer
@@ -128,10 +124,11 @@ class ModelRunner:
             self.model.compile_stages()
         if config.layer_kernels == "fused":
             self.model.use_fused_kernels(max_rows=None)
-        elif config.layer_kernels == "auto" and device.type == "cuda":  # (int8 weights are CPU-only)
+        elif config.layer_kernels == "auto" and device.type == "cuda":
             from engine.fused_stages import AUTO_MAX_ROWS  # needs triton, only here
 
-            self.model.use_fused_kernels(max_rows=AUTO_MAX_ROWS)
+            # int8 weights: every graph step (outside them a product dequantizes its whole weight first)
+            self.model.use_fused_kernels(max_rows=None if config.quantize == "int8" else AUTO_MAX_ROWS)
         if config.use_cuda_graphs and device.type == "cuda":
             self.graphs = CudaGraphRunner(self.model, self.kv, self.attention, self.max_model_len, self._graph_config,
                                           device)

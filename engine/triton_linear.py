@@ -7,6 +7,9 @@ launch and a ramp in the CUDA graph. One program here streams a BLOCK_N x K stri
 along K, through a software pipeline, and multiplies it with all rows at once (a tensor-core dot
 over the rows padded to 16), fusing into its epilogue:
 
+  scale      int8 weights (engine/linear.Int8Linear, for drafts): the strip is read as int8, half
+             of bf16's bytes, widened to the activations' dtype for the dot, and each column's
+             float32 sum multiplied by its row's scale
   silu_mul   for gate/up weights with interleaved rows (gate_0, up_0, gate_1, ...): each program
              pairs its columns and writes silu(gate) * up, half as many columns
   bias       before rounding, like addmm
@@ -31,6 +34,7 @@ import triton
 import triton.language as tl
 
 from engine import pdl
+from engine.linear import dequantize_int8
 from engine.llama import silu_mul_interleaved
 
 BLOCK_M = 16  # rows per program: the smallest tensor-core tile
@@ -44,13 +48,15 @@ class LaunchConfig:
     num_stages: int
 
 
-def launch_config(n: int, k: int) -> LaunchConfig:
-    """A function of the weight's shape only (never of the row count: see the module doc); the best of
+def launch_config(n: int, k: int, int8: bool = False) -> LaunchConfig:
+    """A function of the weight's shape (and element size) only (never of the row count: see the module doc); the best of
     bench/tune_linear.py's sweeps on the H200 for Llama-3.1-8B and 3.2-1B shapes. Products narrower
     than 4096 columns take 16 a program: at 32 they leave SMs idle (N = 2048 is 64 programs on 132 SMs),
     and at 16 Llama-3.2-1B's down projection streams W in 12.6 us instead of 16.2, its o_proj in 5.4
     instead of 5.9 (bench/results/tune_linear_narrow.json, residual fused, 1 row)."""
     narrow = n < 4096
+    if int8:
+        return _int8_launch_config(n, k)
     if k >= 8192:  # down projections
         return LaunchConfig(16, 512, 2, 4) if narrow else LaunchConfig(32, 512, 4, 4)
     if n >= 65536:  # LM heads
@@ -61,13 +67,24 @@ def launch_config(n: int, k: int) -> LaunchConfig:
     return LaunchConfig(16, block_k, 2, 4) if narrow else LaunchConfig(32, block_k, 4, 4)
 
 
+def _int8_launch_config(n: int, k: int) -> LaunchConfig:
+    """int8 strips: as many bytes a K step as bf16's (twice the elements); LM heads one stage fewer
+    (bench/results/tune_linear_int8.json: Llama-3.2-1B's head in 67 us against 71, bf16's 118)."""
+    if n >= 65536:
+        return LaunchConfig(block_n=64, block_k=256, num_warps=4, num_stages=3)
+    bf16 = launch_config(n, k)
+    block_k = bf16.block_k * 2 if k % (bf16.block_k * 2) == 0 else bf16.block_k
+    return LaunchConfig(bf16.block_n, block_k, bf16.num_warps, bf16.num_stages)
+
+
 @triton.jit
 def _skinny_linear_kernel(
-    x_ptr, w_ptr, out_ptr, bias_ptr, res_ptr,
+    x_ptr, w_ptr, out_ptr, bias_ptr, res_ptr, scale_ptr,
     M, N, K, stride_xm, stride_wn, stride_om, stride_rm,
     SILU_MUL: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr,
+    HAS_SCALE: tl.constexpr,
     EVEN_K: tl.constexpr,
     EVEN_N: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -84,7 +101,7 @@ def _skinny_linear_kernel(
     offs_k = tl.arange(0, BLOCK_K)
     row_ok = rows < M
     col_ok = cols < N
-    dtype = w_ptr.dtype.element_ty
+    dtype = x_ptr.dtype.element_ty
     x_rows = x_ptr + rows[:, None].to(tl.int64) * stride_xm
     w_cols = w_ptr + cols[:, None].to(tl.int64) * stride_wn
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
@@ -95,8 +112,12 @@ def _skinny_linear_kernel(
             w = tl.load(w_cols + k[None, :])
         else:
             w = tl.load(w_cols + k[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
+        if HAS_SCALE:  # int8 values are exact in bf16, fp16 and float32
+            w = w.to(dtype)
         a = tl.load(x_rows + k[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
         acc += tl.dot(a, tl.trans(w), input_precision=DOT_PRECISION)
+    if HAS_SCALE:
+        acc *= tl.load(scale_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
     if HAS_BIAS:
         acc += tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
     if SILU_MUL:  # columns (2j, 2j + 1) are (gate_j, up_j); each op rounded like PyTorch's
@@ -119,6 +140,7 @@ def skinny_linear(
     weight: torch.Tensor,  # [N, K] (silu_mul: rows gate_0, up_0, gate_1, up_1, ...)
     bias: torch.Tensor | None = None,  # [N]
     *,
+    scale: torch.Tensor | None = None,  # [N]: weight is int8, its row n standing for weight[n] * scale[n]
     silu_mul: bool = False,
     residual: torch.Tensor | None = None,  # [M, N] ([M, N / 2] with silu_mul), added last
     out_dtype: torch.dtype | None = None,
@@ -131,7 +153,12 @@ def skinny_linear(
     assert x.shape[1] == k, f"x {tuple(x.shape)} vs weight {tuple(weight.shape)}"
     assert not silu_mul or n % 2 == 0, "silu_mul needs gate/up row pairs"
     n_out = n // 2 if silu_mul else n
-    assert x.dtype == weight.dtype, f"x {x.dtype} and weight {weight.dtype} must share a dtype"
+    if scale is None:
+        assert x.dtype == weight.dtype, f"x {x.dtype} and weight {weight.dtype} must share a dtype"
+    else:
+        assert weight.dtype == torch.int8 and scale.shape == (n,) and scale.is_contiguous(), \
+            f"scale [N] goes with int8 weights, got {weight.dtype} and {tuple(scale.shape)}"
+        assert x.dtype != torch.int8
     assert x.stride(1) == 1 and weight.stride(1) == 1, "rows must be contiguous"
     assert x.device == weight.device
     if bias is not None:
@@ -141,7 +168,7 @@ def skinny_linear(
     out = torch.empty((m, n_out), dtype=out_dtype or x.dtype, device=x.device)
     if m == 0:
         return out
-    config = config or launch_config(n, k)
+    config = config or launch_config(n, k, int8=scale is not None)
     assert config.block_n % 2 == 0
     # row tiles vary fastest: the programs that share a strip of W run together and read it from L2
     grid = (triton.cdiv(m, BLOCK_M), triton.cdiv(n, config.block_n))
@@ -149,10 +176,11 @@ def skinny_linear(
         x, weight, out,
         bias if bias is not None else x,
         residual if residual is not None else x,
+        scale if scale is not None else x,
         m, n, k, x.stride(0), weight.stride(0), out.stride(0),
         residual.stride(0) if residual is not None else 0,
         SILU_MUL=silu_mul, HAS_BIAS=bias is not None,
-        HAS_RESIDUAL=residual is not None,
+        HAS_RESIDUAL=residual is not None, HAS_SCALE=scale is not None,
         EVEN_K=k % config.block_k == 0, EVEN_N=n % config.block_n == 0,
         BLOCK_M=BLOCK_M, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         # float32 models stay exact float32 (no TF32)
@@ -167,11 +195,14 @@ def skinny_linear_reference(
     weight: torch.Tensor,
     bias: torch.Tensor | None = None,
     *,
+    scale: torch.Tensor | None = None,
     silu_mul: bool = False,
     residual: torch.Tensor | None = None,
     out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """`skinny_linear` in PyTorch ops."""
+    if scale is not None:
+        weight = dequantize_int8(weight, scale, x.dtype)
     out = F.linear(x, weight, bias)
     if silu_mul:
         out = silu_mul_interleaved(out)

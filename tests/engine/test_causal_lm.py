@@ -6,7 +6,9 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from engine.batch import StepInput
+from engine.linear import Int8Linear, dequantize_int8
 from engine.model_runner import ModelRunner, RuntimeConfig
+from engine.model_source import LoadedModel
 from tiny_models import build_model_dir, build_reduced_head_draft
 
 
@@ -58,16 +60,20 @@ def test_fused_layer_kernels_compute_the_reference_logits(model_dir):
     torch.testing.assert_close(fused, reference, atol=1e-4, rtol=1e-4)
 
 
-def _decode_and_verify_logits(model_dir, layer_kernels: str) -> torch.Tensor:
+def _decode_and_verify_logits(model_dir, layer_kernels: str, num_prefill: int = 24, **config: object) -> torch.Tensor:
     """A prefill, then the logits of a decode step and a 5-token verify step."""
-    ids = list(range(10, 40))
     runner = ModelRunner(RuntimeConfig(model=str(model_dir), kv_cache_tokens=256, kv_block_size=4,
-                                       layer_kernels=layer_kernels, attention_backend="reference"))
+                                       layer_kernels=layer_kernels, attention_backend="reference", **config))
+    return _step_logits(runner, num_prefill)
+
+
+def _step_logits(runner: ModelRunner, num_prefill: int) -> torch.Tensor:
+    ids = list(range(10, 16 + num_prefill))
     kv = runner.kv.new_sequence()
-    runner.forward([StepInput(kv, ids[:24], num_logits=1)])
-    [decode] = runner.forward([StepInput(kv, ids[24:25], num_logits=1)])
-    [verify] = runner.forward([StepInput(kv, ids[25:], num_logits=len(ids) - 25)])
-    return torch.cat([decode, verify])
+    [prefill] = runner.forward([StepInput(kv, ids[:num_prefill], num_logits=1)])
+    [decode] = runner.forward([StepInput(kv, ids[num_prefill:num_prefill + 1], num_logits=1)])
+    [verify] = runner.forward([StepInput(kv, ids[num_prefill + 1:], num_logits=len(ids) - num_prefill - 1)])
+    return torch.cat([prefill, decode, verify])
 
 
 def test_fused_kernels_serve_a_draft_with_a_reduced_lm_head(tmp_path, tokenizer):
@@ -80,3 +86,21 @@ def test_fused_kernels_serve_a_draft_with_a_reduced_lm_head(tmp_path, tokenizer)
     assert kept[:, ::2].all() and not kept[:, 1::2].any()  # the draft keeps every second row
     assert torch.equal(torch.isfinite(fused), kept)
     torch.testing.assert_close(fused[kept], reference[kept], atol=1e-4, rtol=1e-4)
+
+
+def test_an_int8_draft_through_the_fused_kernels_computes_its_dequantized_weights_logits(model_dir, tokenizer):
+    """--quantize int8 (engine/linear.Int8Linear) under the fused kernels, every step of at most a
+    kernel tile of rows (all fused): the logits of the model whose linears hold the dequantized int8
+    rows, computed by the reference stages."""
+    fused = _decode_and_verify_logits(model_dir, "fused", num_prefill=12, quantize="int8")
+    hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    for module in hf.modules():
+        if isinstance(module, torch.nn.Linear):
+            quantized = Int8Linear(module)
+            module.weight.data = dequantize_int8(quantized.qweight, quantized.scale, torch.float32)
+    dequantized = ModelRunner(RuntimeConfig(model=str(model_dir), kv_cache_tokens=256, kv_block_size=4,
+                                            layer_kernels="reference", attention_backend="reference"),
+                              loaded=LoadedModel(str(model_dir), hf, tokenizer))
+    expected = _step_logits(dequantized, num_prefill=12)
+    assert not torch.allclose(expected, _decode_and_verify_logits(model_dir, "reference", num_prefill=12), atol=1e-3)
+    torch.testing.assert_close(fused, expected, atol=1e-4, rtol=1e-4)

@@ -8,14 +8,16 @@ import torch
 from engine.batch import StepInput
 from engine.draft_loop import DraftLoop
 from test_draft_loop import check_device_loop_matches_stepwise
+from engine import model_runner
+from engine.linear import Int8Linear
 from engine.model_runner import ModelRunner, RuntimeConfig
 
 pytestmark = pytest.mark.gpu
 
 
-def _runner(path, use_cuda_graphs: bool) -> ModelRunner:
+def _runner(path, use_cuda_graphs: bool, quantize: str = "none") -> ModelRunner:
     return ModelRunner(RuntimeConfig(model=str(path), device="cuda", dtype="float32", kv_cache_tokens=4096,
-                                     use_cuda_graphs=use_cuda_graphs))
+                                     use_cuda_graphs=use_cuda_graphs, quantize=quantize))
 
 
 def test_graph_replays_match_eager_forwards_and_never_recapture(model_dirs):
@@ -45,10 +47,16 @@ def test_graph_replays_match_eager_forwards_and_never_recapture(model_dirs):
 
 @pytest.mark.parametrize("captured", [False, True])
 @pytest.mark.parametrize("sampled", [False, True])
-@pytest.mark.parametrize("draft", ["perturbed", "reduced_head"])  # reduced: engine/subset_head.py in the graphs
-def test_device_draft_loop_proposes_what_the_stepwise_loop_proposes(model_dirs, captured, sampled, draft):
-    device_loop = DraftLoop(_runner(model_dirs[draft], captured), device_loop=True)
-    stepwise = DraftLoop(_runner(model_dirs[draft], False), device_loop=False)
+# reduced: engine/subset_head.py in the graphs; int8: --quantize int8 (the fused kernels read int8 rows,
+# the stepwise loop's eager forwards dequantize)
+@pytest.mark.parametrize("draft", ["perturbed", "reduced_head", "int8"])
+def test_device_draft_loop_proposes_what_the_stepwise_loop_proposes(model_dirs, captured, sampled, draft, monkeypatch):
+    quantize = "int8" if draft == "int8" else "none"
+    monkeypatch.setattr(model_runner, "CUDA_MIN_INT8_OUT_FEATURES", 0)  # the tiny model's products are all narrow
+    runner = _runner(model_dirs[draft], captured, quantize)
+    assert any(isinstance(m, Int8Linear) for m in runner.model.modules()) == (quantize == "int8")
+    device_loop = DraftLoop(runner, device_loop=True)
+    stepwise = DraftLoop(_runner(model_dirs[draft], False, quantize), device_loop=False)
     compiled_graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
     check_device_loop_matches_stepwise(device_loop, stepwise, sampled=sampled)
     assert device_loop.num_graph_replays == (8 if captured else 0)

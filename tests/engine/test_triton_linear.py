@@ -2,9 +2,12 @@
 TRITON_INTERPRET=1 on CPU, bf16 on the GPU; and a row's result does not depend on the other rows."""
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
+from engine.linear import Int8Linear
 from engine.triton_linear import LaunchConfig, skinny_linear, skinny_linear_reference
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -37,6 +40,29 @@ def test_kernel_matches_reference_fp32(rows, n, k, fusion, bias, residual):
     args = _inputs(rows, n, k, fusion, bias, residual, torch.float32)
     expected = skinny_linear_reference(**args)
     torch.testing.assert_close(skinny_linear(**args, config=SMALL), expected, atol=1e-5, rtol=1e-5)
+
+
+def _int8(args: dict) -> dict:
+    """`args` with its weight as int8 rows and their scales (engine/linear.Int8Linear)."""
+    quantized = Int8Linear(SimpleNamespace(weight=args["weight"], bias=None))
+    return {**args, "weight": quantized.qweight, "scale": quantized.scale}
+
+
+@pytest.mark.parametrize(("rows", "n", "k"), SHAPES)
+@pytest.mark.parametrize(("fusion", "bias", "residual"), [("none", False, False), ("silu_mul", True, True),
+                                                          ("none", True, True)])
+def test_int8_weights_give_the_product_of_their_dequantized_rows(rows, n, k, fusion, bias, residual):
+    args = _int8(_inputs(rows, n, k, fusion, bias, residual, torch.float32))
+    expected = skinny_linear_reference(**args)
+    torch.testing.assert_close(skinny_linear(**args, config=SMALL), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_int8_weights_without_their_scales_are_refused_before_launch():
+    args = _int8(_inputs(2, 32, 64, "none", False, False, torch.float32))
+    with pytest.raises(AssertionError, match="must share a dtype"):
+        skinny_linear(args["x"], args["weight"])
+    with pytest.raises(AssertionError, match="scale \\[N\\] goes with int8 weights"):
+        skinny_linear(args["x"], args["weight"], scale=args["scale"][:31])
 
 
 def test_float32_output_of_bfloat16_product_keeps_the_accumulator():
@@ -81,3 +107,12 @@ def test_each_row_is_computed_as_if_alone_bf16(fusion):
     for row in range(5):
         alone = skinny_linear(**{**args, "x": args["x"][row:row + 1], "residual": args["residual"][row:row + 1]})
         assert torch.equal(together[row:row + 1], alone)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("rows", "n", "k"), [(1, 3072, 2048), (5, 2048, 8192), (16, 16384, 2048), (3, 1000, 2048)])
+@pytest.mark.parametrize("fusion", ["none", "silu_mul"])
+def test_int8_kernel_matches_reference_bf16_at_model_shapes(rows, n, k, fusion):
+    args = _int8(_inputs(rows, n, k, fusion, False, True, torch.bfloat16))
+    got, expected = skinny_linear(**args), skinny_linear_reference(**args)
+    torch.testing.assert_close(got.float(), expected.float(), atol=6e-2, rtol=2e-2)

@@ -52,6 +52,15 @@ def test_quantize_int8_swaps_plain_and_cpu_linears():
     assert isinstance(model[0], Int8Linear) and isinstance(model[1][1], Int8Linear)
 
 
-def test_int8_weights_are_refused_off_the_cpu():
-    with pytest.raises(ValueError, match="CPU only"):
-        RuntimeConfig(model="m", device="cuda", quantize="int8")
+def test_quantize_int8_keeps_products_narrower_than_asked_in_their_own_dtype():
+    """On CUDA only wide products take int8 (engine/linear.CUDA_MIN_INT8_OUT_FEATURES)."""
+    model = nn.Sequential(nn.Linear(8, 16), nn.Sequential(nn.ReLU(), nn.Linear(16, 4)))
+    quantize_int8(model, min_out_features=16)
+    assert isinstance(model[0], Int8Linear) and isinstance(model[1][1], nn.Linear)
+
+
+@pytest.mark.parametrize("layer_kernels", ["auto", "fused", "reference"])
+def test_int8_drafts_run_on_gpus_with_any_layer_kernels(layer_kernels):
+    assert RuntimeConfig(model="m", device="cuda", quantize="int8", layer_kernels=layer_kernels).quantize == "int8"
+    with pytest.raises(ValueError, match="quantize must be"):
+        RuntimeConfig(model="m", quantize="int4")
