@@ -45,6 +45,7 @@ from report import save_report  # noqa: E402
 from specdec.client import collect  # noqa: E402
 from specdec.launch import Trio  # noqa: E402
 from specdec.v1 import common_pb2, draft_pb2_grpc, gateway_pb2, gateway_pb2_grpc  # noqa: E402
+from step_times import decode_step_times  # noqa: E402
 from tiny_models import build_tokenizer  # noqa: E402
 
 LLAMA_8B = dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
@@ -105,11 +106,11 @@ def run_config(stub, prompts: list[str], batch: int, max_new: int, k: int, draft
         "tok_s": tokens / wall,
         "acceptance_rate": sum(s.num_accepted_tokens for s in stats) / max(1, sum(s.num_draft_tokens for s in stats)),
         "mean_accepted_len": sum(s.num_completion_tokens - 1 for s in stats) / max(1, steps),
-        "draft_ms_per_step": 1e3 * sum(s.draft_forward_s for s in stats) / max(1, steps),
-        "target_ms_per_step": 1e3 * sum(s.target_forward_s for s in stats) / max(1, steps),
-        "step_ms": 1e3 * sum(elapsed) / max(1, steps),
-        # time outside the two services' forwards, as a fraction of each request's time
-        "rpc_overhead_fraction": statistics.mean(
+        # a step after the first token: its proposal, its verify, the time outside them (bench/step_times.py)
+        **decode_step_times(stats),
+        # as measured before the prefill forwards were reported apart: over each whole request, the
+        # prefill's time included (the target's prefill counted as a forward)
+        "rpc_overhead_fraction_whole_request": statistics.mean(
             max(0.0, e - s.draft_forward_s - s.target_forward_s) / e for s, e in zip(stats, elapsed)),
         "token_ids": [c.token_ids for c in completions],
     }

@@ -2,8 +2,8 @@
 
 Starts target, draft and two gateways (speculation off / on) as separate processes, as
 bench/gpu_e2e.py does, and drives `Generate` over gRPC with 1 and 8 concurrent streams. Per
-configuration it reports the step time a request sees (its time / its verify steps), the service
-forward times per step (from the final stats chunk), their difference (`overhead_ms`: gRPC, the
+configuration it reports the step time a request sees after its first token (bench/step_times.py:
+the prefills left out), the service forward times per step (from the final stats chunk), their difference (`overhead_ms`: gRPC, the
 gateway, the batching loops), and the target's mean batch size per forward (GetEngineStats: sequence
 steps / forwards - 8 concurrent streams should give ~8; the draft's likewise). Speculative outputs are checked equal to
 target-only outputs (greedy, lossless).
@@ -32,6 +32,7 @@ from gpu_e2e import LLAMA_1B, LLAMA_8B, generate, prompts_text, write_model_dir 
 from report import save_report  # noqa: E402
 from specdec.launch import Trio  # noqa: E402
 from specdec.v1 import common_pb2, draft_pb2_grpc, gateway_pb2_grpc, target_pb2_grpc  # noqa: E402
+from step_times import decode_step_times  # noqa: E402
 from tiny_models import build_model_dir, build_tokenizer  # noqa: E402
 
 SPEC_KS = {1: 4, 8: 2}  # draft tokens per step at each batch size (as the issue's H200 figures)
@@ -54,20 +55,19 @@ def run_config(gateway: str, services: dict[str, str], prompts: list[str], batch
         wall = time.perf_counter() - started
         after = {name: engine_stats(name, address) for name, address in services.items()}
     stats = [c.final.stats for c in completions]
-    steps = sum(s.num_verify_steps for s in stats)
-    elapsed = sum(s.num_completion_tokens / s.tokens_per_s for s in stats)
-    step_ms = 1e3 * elapsed / steps
-    target_ms = 1e3 * sum(s.target_forward_s for s in stats) / steps
-    draft_ms = 1e3 * sum(s.draft_forward_s for s in stats) / steps
+    steps = decode_step_times(stats)  # after the first token: the prefills left out (bench/step_times.py)
     rows = {f"{name}_rows_per_forward": (after[name].num_sequence_steps - before[name].num_sequence_steps)
             / max(1, after[name].num_forwards - before[name].num_forwards) for name in services}
     return {
         "tok_s": sum(s.num_completion_tokens for s in stats) / wall,
-        "step_ms": step_ms,
-        "target_ms_per_step": target_ms,
-        "draft_ms_per_step": draft_ms,
-        "overhead_ms_per_step": step_ms - target_ms - draft_ms,
-        "overhead_fraction": (step_ms - target_ms - draft_ms) / step_ms,
+        "step_ms": steps["step_ms"],
+        "target_ms_per_step": steps["target_ms_per_step"],
+        "draft_ms_per_step": steps["draft_ms_per_step"],
+        "overhead_ms_per_step": steps["overhead_ms_per_step"],
+        "overhead_fraction": steps["rpc_overhead_fraction"],
+        # the accounting before the prefills were reported apart: whole requests, per verify step
+        "overhead_fraction_whole_request": 1 - sum(s.draft_forward_s + s.target_forward_s for s in stats)
+        / sum(s.num_completion_tokens / s.tokens_per_s for s in stats),
         **rows,
         "acceptance_rate": sum(s.num_accepted_tokens for s in stats) / max(1, sum(s.num_draft_tokens for s in stats)),
         "token_ids": [c.token_ids for c in completions],
@@ -141,6 +141,7 @@ def main() -> None:
         for key in ("step_ms", "overhead_ms_per_step", "target_ms_per_step", "tok_s"):
             metrics[f"{name}_{key}"] = median[key]
     metrics["spec_k4_bs1_overhead_fraction"] = details["spec_k4_bs1"]["overhead_fraction"]
+    metrics["spec_k4_bs1_overhead_fraction_whole_request"] = details["spec_k4_bs1"]["overhead_fraction_whole_request"]
     metrics["outputs_differ"] = sum(d["outputs_differ_from_target_only_bs1"] for d in details.values())
     save_report("rpc_overhead", metrics, args.out, details=details,
                 note="step_ms: a request's time per verify step; overhead: step minus the services' forwards; "

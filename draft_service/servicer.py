@@ -31,7 +31,7 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
                     lease = self._drafts.acquire(request.start.draft_model)
                     seq = await lease.drafter.start(list(request.start.prompt_ids), request.start.max_new_tokens,
                                                     sampling_params(request.start.sampling))
-                    yield draft_pb2.DraftResponse(started=draft_pb2.StartResult())
+                    yield draft_pb2.DraftResponse(started=draft_pb2.StartResult(), forward_ns=seq.prefill_forward_ns)
                 elif command == "propose" and seq is not None:
                     p = request.propose
                     draft_ids, timing = await lease.drafter.propose(

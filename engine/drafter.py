@@ -23,6 +23,7 @@ class DraftSequence:
     proposal_probs: list[Distribution] = field(default_factory=list)  # what the open proposal was drawn from
     max_len: int = 0  # prompt + max_new_tokens (model drafters only)
     ahead: asyncio.Future | None = None  # draft-ahead (engine/model_drafter.py): the open proposal continued
+    prefill_forward_ns: int = 0  # the forward time of the prompt's prefill at start (model drafters only)
 
     def may_use_ahead(self, num_accepted: int, num_draft_tokens: int) -> bool:
         """Whether a propose with these arguments can be answered from the draft-ahead chain: only

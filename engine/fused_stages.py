@@ -13,9 +13,10 @@ Per layer, seven kernels around attention instead of a dozen:
 
 and the LM head as two more (final norm, product; a draft's reduced head, engine/subset_head.py,
 its rows' product placed into the vocabulary). A draft's int8 linears (--quantize int8,
-engine/linear.Int8Linear) go through the same kernels, which read their int8 rows. These kernels compute a row as if it were
-alone, and with them the engine fixes attention's key ranges (engine/triton_attention.py), so a
-token's logits are the same bits in a decode, a verify, or any batch around it.
+engine/linear.Int8Linear) go through the same kernels, which read their int8 rows. These kernels
+compute a row as if it were alone, and with them the engine fixes attention's key ranges
+(engine/triton_attention.py), so a token's logits are the same bits in a decode, a verify, or any
+batch around it.
 
 Which steps: on CUDA, those captured into graphs (decode, verify, the draft's proposal loop),
 where a kernel costs no host launch; eager forwards (prefill chunks: many rows, compute-bound)

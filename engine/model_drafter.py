@@ -88,7 +88,8 @@ class ModelDrafter:
         self._counters["num_active_sequences"] += 1
         self._counters["num_sequences_started"] += 1
         try:
-            await self._loop.submit(_Job(seq, 0, 0))
+            _, timing = await self._loop.submit(_Job(seq, 0, 0))
+            seq.prefill_forward_ns = timing.forward_ns
         except BaseException:
             self.release(seq)
             raise

@@ -49,14 +49,14 @@ class LaunchConfig:
 
 
 def launch_config(n: int, k: int, int8: bool = False) -> LaunchConfig:
-    """A function of the weight's shape (and element size) only (never of the row count: see the module doc); the best of
-    bench/tune_linear.py's sweeps on the H200 for Llama-3.1-8B and 3.2-1B shapes. Products narrower
-    than 4096 columns take 16 a program: at 32 they leave SMs idle (N = 2048 is 64 programs on 132 SMs),
-    and at 16 Llama-3.2-1B's down projection streams W in 12.6 us instead of 16.2, its o_proj in 5.4
-    instead of 5.9 (bench/results/tune_linear_narrow.json, residual fused, 1 row)."""
-    narrow = n < 4096
+    """A function of the weight's shape and element size only (never of the row count: see the module
+    doc); the best of bench/tune_linear.py's sweeps on the H200 for Llama-3.1-8B and 3.2-1B shapes.
+    Products narrower than 4096 columns take 16 a program: at 32 they leave SMs idle (N = 2048 is 64
+    programs on 132 SMs), and at 16 Llama-3.2-1B's down projection streams W in 12.6 us instead of
+    16.2, its o_proj in 5.4 instead of 5.9 (bench/results/tune_linear_narrow.json, residual fused, 1 row)."""
     if int8:
         return _int8_launch_config(n, k)
+    narrow = n < 4096
     if k >= 8192:  # down projections
         return LaunchConfig(16, 512, 2, 4) if narrow else LaunchConfig(32, 512, 4, 4)
     if n >= 65536:  # LM heads

@@ -65,6 +65,7 @@ class _BidiStream:
         self._service = service
         self._step_timeout_s = step_timeout_s  # None: wait as long as the call's deadline allows
         self.forward_ns = 0  # the service's forward time over this stream's answers
+        self.prefill_forward_ns = 0  # of forward_ns: the prefill's (the stream's first answer)
 
     async def ask(self, request):
         try:
@@ -101,6 +102,7 @@ class TargetStream(_BidiStream):
         command = target_pb2.PrefillCommand(prompt_ids=prompt_ids, max_new_tokens=max_new_tokens,
                                             sampling=sampling_params_pb(sampling))
         response = await self.ask(target_pb2.TargetRequest(prefill=command))
+        self.prefill_forward_ns += response.forward_ns
         return response.prefill.token_id
 
     async def verify(self, proposal: Proposal) -> Verified:
@@ -124,7 +126,8 @@ class DraftStream(_BidiStream):
     async def start(self, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingParams) -> None:
         command = draft_pb2.StartCommand(prompt_ids=prompt_ids, max_new_tokens=max_new_tokens,
                                          draft_model=self._draft_model, sampling=sampling_params_pb(sampling))
-        await self.ask(draft_pb2.DraftRequest(start=command))
+        response = await self.ask(draft_pb2.DraftRequest(start=command))
+        self.prefill_forward_ns += response.forward_ns
 
     async def propose(self, num_accepted: int, append_ids: list[int], num_draft_tokens: int) -> Proposal:
         command = draft_pb2.ProposeCommand(
@@ -169,6 +172,9 @@ class RequestStreams:
 
     def forward_ns(self, kind: type[_BidiStream]) -> int:
         return sum(s.forward_ns for s in self._opened if isinstance(s, kind))
+
+    def prefill_forward_ns(self, kind: type[_BidiStream]) -> int:
+        return sum(s.prefill_forward_ns for s in self._opened if isinstance(s, kind))
 
     async def close(self) -> None:
         """Ends every stream of the request; the services free its sequences."""

@@ -123,6 +123,8 @@ class Driver:
             self.metrics.requests.labels(api, outcome).inc()
         stats.target_forward_ns = streams.forward_ns(TargetStream)
         stats.draft_forward_ns = streams.forward_ns(DraftStream)
+        stats.target_prefill_forward_ns = streams.prefill_forward_ns(TargetStream)
+        stats.draft_prefill_forward_ns = streams.prefill_forward_ns(DraftStream)
         self._record(stats, output.num_tokens)
         yield Delta([], "", output.finish, stats, output.num_tokens)
 

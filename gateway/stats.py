@@ -22,6 +22,8 @@ class RequestStats:
     num_steps_by_k: list[int] = field(default_factory=list)  # [k]: verify steps that proposed k drafts
     draft_forward_ns: int = 0
     target_forward_ns: int = 0
+    draft_prefill_forward_ns: int = 0  # of draft_forward_ns
+    target_prefill_forward_ns: int = 0  # of target_forward_ns
 
     def record_step(self, num_committed: int, num_draft_tokens: int, num_accepted: int, is_prefill: bool) -> None:
         now = time.perf_counter()
@@ -77,4 +79,6 @@ class RequestStats:
             num_accepted_tokens_per_pos=self.num_accepted_tokens_per_pos,
             request_id=self.request_id,
             num_steps_by_k=self.num_steps_by_k,
+            draft_prefill_forward_s=self.draft_prefill_forward_ns / 1e9,
+            target_prefill_forward_s=self.target_prefill_forward_ns / 1e9,
         )

@@ -61,7 +61,7 @@ class GenerateRequest(_message.Message):
     def __init__(self, prompt: _Optional[str] = ..., chat: _Optional[_Union[ChatMessages, _Mapping]] = ..., max_new_tokens: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., num_draft_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., draft_model: _Optional[str] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., min_p: _Optional[float] = ..., seed: _Optional[int] = ..., ignore_eos: _Optional[bool] = ...) -> None: ...
 
 class GenerationStats(_message.Message):
-    __slots__ = ("num_prompt_tokens", "num_completion_tokens", "num_draft_tokens", "num_accepted_tokens", "acceptance_rate", "num_verify_steps", "mean_accepted_len", "time_to_first_token_s", "tokens_per_s", "draft_forward_s", "target_forward_s", "time_per_output_token_s", "num_accepted_tokens_per_pos", "request_id", "num_steps_by_k")
+    __slots__ = ("num_prompt_tokens", "num_completion_tokens", "num_draft_tokens", "num_accepted_tokens", "acceptance_rate", "num_verify_steps", "mean_accepted_len", "time_to_first_token_s", "tokens_per_s", "draft_forward_s", "target_forward_s", "time_per_output_token_s", "num_accepted_tokens_per_pos", "request_id", "num_steps_by_k", "draft_prefill_forward_s", "target_prefill_forward_s")
     NUM_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     NUM_COMPLETION_TOKENS_FIELD_NUMBER: _ClassVar[int]
     NUM_DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -77,6 +77,8 @@ class GenerationStats(_message.Message):
     NUM_ACCEPTED_TOKENS_PER_POS_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     NUM_STEPS_BY_K_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_PREFILL_FORWARD_S_FIELD_NUMBER: _ClassVar[int]
+    TARGET_PREFILL_FORWARD_S_FIELD_NUMBER: _ClassVar[int]
     num_prompt_tokens: int
     num_completion_tokens: int
     num_draft_tokens: int
@@ -92,7 +94,9 @@ class GenerationStats(_message.Message):
     num_accepted_tokens_per_pos: _containers.RepeatedScalarFieldContainer[int]
     request_id: str
     num_steps_by_k: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, num_prompt_tokens: _Optional[int] = ..., num_completion_tokens: _Optional[int] = ..., num_draft_tokens: _Optional[int] = ..., num_accepted_tokens: _Optional[int] = ..., acceptance_rate: _Optional[float] = ..., num_verify_steps: _Optional[int] = ..., mean_accepted_len: _Optional[float] = ..., time_to_first_token_s: _Optional[float] = ..., tokens_per_s: _Optional[float] = ..., draft_forward_s: _Optional[float] = ..., target_forward_s: _Optional[float] = ..., time_per_output_token_s: _Optional[float] = ..., num_accepted_tokens_per_pos: _Optional[_Iterable[int]] = ..., request_id: _Optional[str] = ..., num_steps_by_k: _Optional[_Iterable[int]] = ...) -> None: ...
+    draft_prefill_forward_s: float
+    target_prefill_forward_s: float
+    def __init__(self, num_prompt_tokens: _Optional[int] = ..., num_completion_tokens: _Optional[int] = ..., num_draft_tokens: _Optional[int] = ..., num_accepted_tokens: _Optional[int] = ..., acceptance_rate: _Optional[float] = ..., num_verify_steps: _Optional[int] = ..., mean_accepted_len: _Optional[float] = ..., time_to_first_token_s: _Optional[float] = ..., tokens_per_s: _Optional[float] = ..., draft_forward_s: _Optional[float] = ..., target_forward_s: _Optional[float] = ..., time_per_output_token_s: _Optional[float] = ..., num_accepted_tokens_per_pos: _Optional[_Iterable[int]] = ..., request_id: _Optional[str] = ..., num_steps_by_k: _Optional[_Iterable[int]] = ..., draft_prefill_forward_s: _Optional[float] = ..., target_prefill_forward_s: _Optional[float] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
     __slots__ = ("token_ids", "text", "finish_reason", "stats")

@@ -72,6 +72,9 @@ def test_final_stats_carry_per_position_acceptance_and_forward_times(observed_st
         assert list(s.num_accepted_tokens_per_pos) == sorted(s.num_accepted_tokens_per_pos, reverse=True)
         assert s.target_forward_s > 0 and s.draft_forward_s > 0
         assert s.time_per_output_token_s > 0
+        # the prefills' forwards are part of each model's and leave the verifies' and proposals' apart
+        assert 0 < s.target_prefill_forward_s < s.target_forward_s
+        assert 0 < s.draft_prefill_forward_s < s.draft_forward_s
 
 
 def test_invalid_requests_are_counted_by_outcome(observed_gateway, observed_stub, scrape):
