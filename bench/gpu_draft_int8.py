@@ -60,7 +60,7 @@ def measure(hf, quantize: str) -> tuple[dict[str, float], torch.Tensor]:
     kv.truncate(PROMPT)
     loop = DraftLoop(runner, LoopConfig(batch_buckets=(1, 8), max_steps=4, first_query_buckets=(1,)))
     for batch in (1, 8):
-        def propose() -> None:
+        def propose(batch: int = batch) -> None:
             loop.propose([StepInput(s, [7], 1) for s in seqs[:batch]], [4] * batch)
             for s in seqs[:batch]:
                 s.truncate(PROMPT)
@@ -68,9 +68,6 @@ def measure(hf, quantize: str) -> tuple[dict[str, float], torch.Tensor]:
         metrics[f"propose_ms_k4_bs{batch}"] = wall_ms(propose, 200)
     for s in seqs:
         s.release()
-    del runner, loop
-    gc.collect()
-    torch.cuda.empty_cache()
     return metrics, logits
 
 
@@ -86,6 +83,8 @@ def main() -> None:
     for setting in ("bf16", "int8", "bf16_2", "int8_2"):  # alternating: the figures' spread
         # (quantizing replaces our model's linears, not the HF model's they were taken from)
         result, logits[setting] = measure(hf, "int8" if setting.startswith("int8") else "none")
+        gc.collect()  # the runner and its graphs, before the next is built
+        torch.cuda.empty_cache()
         for key, value in result.items():
             metrics[f"{setting}_{key}"] = value
         print(setting, result, flush=True)
