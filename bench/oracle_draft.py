@@ -129,7 +129,8 @@ def main() -> None:
                         help='JSON list of {"prompt_ids": [...], "token_ids": [...]} (the target\'s greedy output)')
     parser.add_argument("--alphas", type=float, nargs="+", default=[0.6, 0.8, 0.9])
     parser.add_argument("--draft-ahead", action="store_true", help="the model drafts ahead (engine/model_drafter.py)")
-    parser.add_argument("--quantize", choices=["none", "int8"], default="none", help="the draft's weights (engine/linear.py)")
+    parser.add_argument("--quantize", choices=["none", "int8"], default="none",
+                        help="the draft's weights (engine/linear.py)")
     args = parser.parse_args()
     setup_logging(args.log_level, args.log_format)
     config = replace(runtime_config(args), quantize=args.quantize)

@@ -3,8 +3,8 @@
 Starts target, draft and two gateways (speculation off / on) as separate processes, as
 bench/gpu_e2e.py does, and drives `Generate` over gRPC with 1 and 8 concurrent streams. Per
 configuration it reports the step time a request sees after its first token (bench/step_times.py:
-the prefills left out), the service forward times per step (from the final stats chunk), their difference (`overhead_ms`: gRPC, the
-gateway, the batching loops), and the target's mean batch size per forward (GetEngineStats: sequence
+the prefills left out), the service forward times per step (from the final stats chunk), their
+difference (`overhead_ms`: gRPC, the gateway, the batching loops), and the target's mean batch size per forward (GetEngineStats: sequence
 steps / forwards - 8 concurrent streams should give ~8; the draft's likewise). Speculative outputs are checked equal to
 target-only outputs (greedy, lossless).
 

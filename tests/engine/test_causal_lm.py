@@ -60,14 +60,12 @@ def test_fused_layer_kernels_compute_the_reference_logits(model_dir):
     torch.testing.assert_close(fused, reference, atol=1e-4, rtol=1e-4)
 
 
-def _decode_and_verify_logits(model_dir, layer_kernels: str, num_prefill: int = 24, **config: object) -> torch.Tensor:
-    """A prefill, then the logits of a decode step and a 5-token verify step."""
+def _decode_and_verify_logits(model_dir, layer_kernels: str, num_prefill: int = 24, loaded: LoadedModel | None = None,
+                              **config: object) -> torch.Tensor:
+    """A prefill, then the logits of a decode step and a 5-token verify step (`loaded`: this model
+    instead of model_dir's)."""
     runner = ModelRunner(RuntimeConfig(model=str(model_dir), kv_cache_tokens=256, kv_block_size=4,
-                                       layer_kernels=layer_kernels, attention_backend="reference", **config))
-    return _step_logits(runner, num_prefill)
-
-
-def _step_logits(runner: ModelRunner, num_prefill: int) -> torch.Tensor:
+                                       layer_kernels=layer_kernels, attention_backend="reference", **config), loaded)
     ids = list(range(10, 16 + num_prefill))
     kv = runner.kv.new_sequence()
     [prefill] = runner.forward([StepInput(kv, ids[:num_prefill], num_logits=1)])
@@ -98,9 +96,7 @@ def test_an_int8_draft_through_the_fused_kernels_computes_its_dequantized_weight
         if isinstance(module, torch.nn.Linear):
             quantized = Int8Linear(module)
             module.weight.data = dequantize_int8(quantized.qweight, quantized.scale, torch.float32)
-    dequantized = ModelRunner(RuntimeConfig(model=str(model_dir), kv_cache_tokens=256, kv_block_size=4,
-                                            layer_kernels="reference", attention_backend="reference"),
-                              loaded=LoadedModel(str(model_dir), hf, tokenizer))
-    expected = _step_logits(dequantized, num_prefill=12)
+    expected = _decode_and_verify_logits(model_dir, "reference", num_prefill=12,
+                                         loaded=LoadedModel(str(model_dir), hf, tokenizer))
     assert not torch.allclose(expected, _decode_and_verify_logits(model_dir, "reference", num_prefill=12), atol=1e-3)
     torch.testing.assert_close(fused, expected, atol=1e-4, rtol=1e-4)
