@@ -1,0 +1,186 @@
+"""Where a decode step's time goes, part by part: the trio of bench/gpu_e2e.py with timing probes.
+
+Runs target, draft (the oracle of bench/oracle_draft.py) and gateway under bench/trace_probe.py and
+times one stream at a time: target-only, then speculation at alpha 0.8, k 4 (SYNTHETIC ACCEPTANCE).
+From the probes' timelines it splits the median step into
+  * each round trip as the gateway awaits it (gw.propose, gw.verify);
+  * of that, the service's engine call (dft.propose / tgt.verify); the rest is gRPC and protobuf
+    both ways, the servicer and the event loops (`*_transport_ms`);
+  * of the engine call, the worker's work (`*_process_ms`); the rest is the batching loop's
+    hand-offs (`*_handoff_ms`);
+  * of the work, the CUDA graph's device time (`*_gpu_ms`); the rest is host work around it, input
+    copies and the read back (`*_host_ms`);
+  * the gateway's own time between the round trips (`gateway_gap_ms`).
+The transport splits into its legs: the gateway's call to the engine call's start
+(`*_request_leg_ms`), the engine call's end to the gateway's answer (`*_answer_leg_ms`).
+Medians over the steps (a request's first step, after its prefill, falls out of them).
+`--tiny`: tiny models on the CPU (a check of the script; no graphs there, so no device time).
+`--spin`: every process's event loop spins instead of sleeping while idle (bench/trace_probe.py).
+Usage: python bench/step_trace.py [--tiny] [--spin] [--draft-quantize none|int8] [--keep-traces DIR] [--out PATH]
+"""
+from __future__ import annotations
+
+import argparse
+import bisect
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import grpc
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "bench"), str(ROOT / "tests")]
+
+from gpu_e2e import LLAMA_1B, LLAMA_8B, TINY, prompts_text, run_config, write_model_dir  # noqa: E402
+from report import save_report  # noqa: E402
+from specdec.launch import Trio  # noqa: E402
+from specdec.v1 import gateway_pb2_grpc  # noqa: E402
+from tiny_models import build_tokenizer  # noqa: E402
+
+Interval = tuple[int, int]  # start_ns, end_ns
+
+
+def load_traces(directory: Path) -> dict[str, list[Interval]]:
+    """Every probe's intervals by name, sorted by start."""
+    rows: dict[str, list[Interval]] = {}
+    for path in directory.glob("*.jsonl"):
+        for line in path.read_text().splitlines():
+            name, start, end = json.loads(line)
+            rows.setdefault(name, []).append((start, end))
+    return {name: sorted(intervals) for name, intervals in rows.items()}
+
+
+def inside(intervals: list[Interval], outer: Interval) -> list[Interval]:
+    """The intervals that start within `outer` (sorted input)."""
+    lo = bisect.bisect_left(intervals, (outer[0], -1))
+    hi = bisect.bisect_right(intervals, (outer[1], 2**63))
+    return [iv for iv in intervals[lo:hi] if iv[1] <= outer[1] + 1]
+
+
+def _span(intervals: list[Interval]) -> float:
+    return sum(end - start for start, end in intervals) / 1e6
+
+
+def round_trip_parts(traces: dict[str, list[Interval]], rpc: Interval, service: str) -> dict[str, float]:
+    """One round trip split into its parts (ms): `service` is "tgt" (verify) or "dft" (propose)."""
+    call = "verify" if service == "tgt" else "propose"
+    engine = inside(traces.get(f"{service}.{call}", []), rpc)
+    work = [w for e in engine for w in inside(traces.get(f"{service}.process", []), e)]
+    gpu = [g for w in work for g in inside(traces.get("gpu.replay", []), (w[0], w[1] + 50_000_000))][:1]
+    wall, engine_ms, work_ms = _span([rpc]), _span(engine), _span(work)
+    parts = {f"{service}_rpc_ms": wall, f"{service}_transport_ms": wall - engine_ms,
+             f"{service}_handoff_ms": engine_ms - work_ms, f"{service}_process_ms": work_ms}
+    if engine:  # the two legs of the transport (one clock for every process on the machine)
+        parts[f"{service}_request_leg_ms"] = (engine[0][0] - rpc[0]) / 1e6
+        parts[f"{service}_answer_leg_ms"] = (rpc[1] - engine[-1][1]) / 1e6
+    if gpu:
+        parts[f"{service}_gpu_ms"] = _span(gpu)
+        parts[f"{service}_host_ms"] = work_ms - _span(gpu)
+    return parts
+
+
+def step_parts(traces: dict[str, list[Interval]], window: Interval) -> dict[str, float]:
+    """Median step and median parts of the steps whose verify ended inside `window`."""
+    verifies = [v for v in traces.get("gw.verify", []) if window[0] <= v[0] and v[1] <= window[1]]
+    proposes = traces.get("gw.propose", [])
+    steps: list[dict[str, float]] = []
+    for before, verify in zip(verifies, verifies[1:]):
+        parts = {"step_ms": (verify[1] - before[1]) / 1e6, **round_trip_parts(traces, verify, "tgt")}
+        proposal = inside(proposes, (before[1], verify[0]))
+        gap = parts["step_ms"] - parts["tgt_rpc_ms"]
+        if proposal:
+            parts.update(round_trip_parts(traces, proposal[0], "dft"))
+            gap -= parts["dft_rpc_ms"]
+        parts["gateway_gap_ms"] = gap
+        steps.append(parts)
+    if not steps:
+        return {}
+    names = dict.fromkeys(name for s in steps for name in s)  # a step without a proposal has no dft parts
+    medians = {name: statistics.median(s[name] for s in steps if name in s) for name in names}
+    medians["num_steps"] = len(steps)
+    return medians
+
+
+def _stats_figures(name: str, result: dict) -> dict[str, float]:
+    """What the gateway's final stats say of the same run (bench/step_times.py), beside the probes'."""
+    keys = ("tok_s", "step_ms", "draft_ms_per_step", "target_ms_per_step", "rpc_overhead_fraction")
+    return {f"{name}_stats_{key}": result[key] for key in keys}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tiny", action="store_true", help="tiny models on the CPU: checks the script only")
+    parser.add_argument("--prompt-tokens", type=int, default=128)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--num-prompts", type=int, default=4)
+    parser.add_argument("--draft-quantize", choices=["none", "int8"], default="none")
+    parser.add_argument("--spin", action="store_true", help="the processes' event loops spin while idle")
+    parser.add_argument("--keep-traces", type=Path, default=None, help="copy the probes' files here")
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    out = args.out or ROOT / "bench" / "results" / ("step_trace_tiny.json" if args.tiny else "step_trace.json")
+    device, dtype = ("cpu", "float32") if args.tiny else ("cuda", "bfloat16")
+    target_shape, draft_shape = (TINY, {**TINY, "num_hidden_layers": 1}) if args.tiny else (LLAMA_8B, LLAMA_1B)
+    metrics: dict[str, float] = {}
+    with tempfile.TemporaryDirectory(prefix="specdec-trace-") as tmp:
+        work = Path(tmp)
+        traces_dir = work / "traces"
+        tokenizer = build_tokenizer()
+        target_model = write_model_dir(work / "target", target_shape, tokenizer)
+        draft_model = write_model_dir(work / "draft", draft_shape, tokenizer)
+        prompts = prompts_text(tokenizer, args.num_prompts, args.prompt_tokens)
+        prompt_ids = [tokenizer.encode(p) for p in prompts]
+        common = ["--device", device, "--dtype", dtype, "--max-model-len", "1024", "--log-level", "WARNING",
+                  "--kv-cache-tokens", str(16 * (args.prompt_tokens * 2 + args.max_new_tokens + 64))]
+        trio = Trio(work)
+
+        def spawn(name: str, module: str, service_args: list[str]) -> str:
+            env = {"SPECDEC_TRACE_RUN": module, "SPECDEC_TRACE_DIR": str(traces_dir),
+                   "SPECDEC_TRACE_SPIN": "1" if args.spin else "0"}
+            return trio.wait_ready(trio.spawn(name, "bench.trace_probe", service_args, env=env), 900)
+
+        windows: dict[str, Interval] = {}
+        try:
+            target = spawn("target", "target_service", ["--model", target_model, *common])
+            plain = spawn("gateway-plain", "gateway", ["--target", target, "--draft", "none", "--log-level", "WARNING"])
+            with grpc.insecure_channel(plain) as channel:
+                started = time.perf_counter_ns()
+                result = run_config(gateway_pb2_grpc.GatewayStub(channel), prompts, 1, args.max_new_tokens, 0)
+                windows["target_only"] = (started, time.perf_counter_ns())
+            metrics.update(_stats_figures("target_only", result))
+            continuations = work / "continuations.json"
+            continuations.write_text("[]")
+            draft = spawn("draft", "bench.oracle_draft", [
+                "--model", draft_model, "--continuations", str(continuations), "--alphas", "0.8",
+                "--quantize", args.draft_quantize, *common])
+            gateway = spawn("gateway", "gateway", ["--target", target, "--draft", draft, "--log-level", "WARNING"])
+            with grpc.insecure_channel(gateway) as channel:
+                stub = gateway_pb2_grpc.GatewayStub(channel)
+                reference = run_config(stub, prompts, 1, args.max_new_tokens, 4, "plain")["token_ids"]
+                continuations.write_text(json.dumps(
+                    [{"prompt_ids": p, "token_ids": t} for p, t in zip(prompt_ids, reference)]))
+                started = time.perf_counter_ns()
+                result = run_config(stub, prompts, 1, args.max_new_tokens, 4, "oracle-0.8")
+                windows["spec"] = (started, time.perf_counter_ns())
+            metrics.update(_stats_figures("spec", result))
+            metrics["outputs_differ_from_reference"] = sum(a != b for a, b in zip(result["token_ids"], reference))
+        finally:
+            trio.stop()
+        traces = load_traces(traces_dir)
+        if args.keep_traces:
+            shutil.copytree(traces_dir, args.keep_traces, dirs_exist_ok=True)
+            (args.keep_traces / "windows.json").write_text(json.dumps(windows))
+    for name, window in windows.items():
+        metrics.update({f"{name}_{part}": value for part, value in step_parts(traces, window).items()})
+    save_report("step_trace", metrics, out,
+                note="spec: SYNTHETIC acceptance (oracle draft, alpha 0.8, k 4); random weights; one stream at a time")
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    main()
