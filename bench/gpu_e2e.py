@@ -15,10 +15,12 @@ token at rate alpha), `--draft-gpu N` runs the draft service on GPU N alone (a m
 the shipped distilled draft has; EAGLE-3's Llama drafts keep 32k of 128k): a smaller product each
 draft forward, verification unchanged. `--draft-quantize int8` serves the draft with weight-only
 int8 linears (half of bf16's bytes a draft step reads; a draft's numerics change what it proposes,
-never the output; under the oracle, acceptance is the same either way).
+never the output; under the oracle, acceptance is the same either way). `--busy-poll` is every
+service's flag (specdec/busy_poll.py; auto polls on the GPU host).
 Usage: python bench/gpu_e2e.py [--tiny] [--skip-hf] [--layer-kernels auto|fused|reference]
                                [--batches 1 8] [--ks 2 4] [--draft-ahead] [--draft-gpu N]
-                               [--draft-head-rows N] [--draft-quantize none|int8] [--out PATH]
+                               [--draft-head-rows N] [--draft-quantize none|int8] [--busy-poll auto|on|off]
+                               [--out PATH]
 """
 from __future__ import annotations
 
@@ -152,6 +154,8 @@ def main() -> None:
                         help="the draft's LM head keeps this many vocabulary rows (default: all)")
     parser.add_argument("--draft-quantize", choices=["none", "int8"], default="none",
                         help="the draft's weights: int8 halves the bytes a draft step reads (engine/linear.py)")
+    parser.add_argument("--busy-poll", choices=["auto", "on", "off"], default="auto",
+                        help="every service's event loop polls while streams are open (specdec/busy_poll.py)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "gpu_e2e.json")
     args = parser.parse_args()
     batches, ks = args.batches, args.ks
@@ -168,11 +172,13 @@ def main() -> None:
                                       tokenizer)
         metrics["draft_head_rows"] = args.draft_head_rows or draft_shape["vocab_size"]
         metrics["draft_int8"] = float(args.draft_quantize == "int8")
+        metrics["busy_poll"] = args.busy_poll
         if args.draft_head_rows:
             draft_model = write_reduced_head_draft(work / "draft-reduced-head", draft_model, args.draft_head_rows)
         prompts = prompts_text(tokenizer, args.num_prompts, args.prompt_tokens)
         prompt_ids = [tokenizer.encode(p) for p in prompts]
-        common = ["--device", device, "--dtype", dtype, "--max-model-len", "1024", "--log-level", "WARNING",
+        polling = ["--busy-poll", args.busy_poll]
+        common = ["--device", device, "--dtype", dtype, "--max-model-len", "1024", "--log-level", "WARNING", *polling,
                   *(["--layer-kernels", args.layer_kernels] if args.layer_kernels else []),
                   "--kv-cache-tokens", str(16 * (args.prompt_tokens * 2 + args.max_new_tokens + 64))]
         trio = Trio(work)
@@ -180,7 +186,7 @@ def main() -> None:
             started = time.perf_counter()
             target = trio.wait_ready(trio.spawn("target", "target_service", ["--model", target_model, *common]), 900)
             metrics["target_start_s"] = time.perf_counter() - started
-            plain = trio.wait_ready(trio.spawn("gateway-plain", "gateway", ["--target", target, "--draft", "none", "--log-level", "WARNING"]), 60)
+            plain = trio.wait_ready(trio.spawn("gateway-plain", "gateway", ["--target", target, "--draft", "none", "--log-level", "WARNING", *polling]), 60)
             references = {}  # bf16 greedy output depends on the batch and verify shapes (see the oracle's reference)
             with grpc.insecure_channel(plain) as channel:
                 stub = gateway_pb2_grpc.GatewayStub(channel)
@@ -200,7 +206,7 @@ def main() -> None:
                 "--quantize", args.draft_quantize, *common],
                 env={"CUDA_VISIBLE_DEVICES": str(args.draft_gpu)} if args.draft_gpu is not None else None), 900)
             metrics["draft_start_s"] = time.perf_counter() - started
-            gateway = trio.wait_ready(trio.spawn("gateway", "gateway", ["--target", target, "--draft", draft, "--log-level", "WARNING"]), 60)
+            gateway = trio.wait_ready(trio.spawn("gateway", "gateway", ["--target", target, "--draft", draft, "--log-level", "WARNING", *polling]), 60)
             with grpc.insecure_channel(gateway) as channel:
                 stub = gateway_pb2_grpc.GatewayStub(channel)
                 for batch in batches:

@@ -31,8 +31,9 @@ import grpc
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
-from gateway.backends import Proposal, TargetStream  # noqa: E402
 from report import save_report  # noqa: E402
+
+from gateway.backends import Proposal, TargetStream  # noqa: E402
 from specdec.serving import open_channel, serve_until_signal, start_server  # noqa: E402
 from specdec.v1 import target_pb2, target_pb2_grpc  # noqa: E402
 
@@ -51,7 +52,7 @@ class EchoTarget(target_pb2_grpc.TargetServiceServicer):
             mode, work_us = MODES[ids[0]], ids[1]
             started = time.perf_counter_ns()
             if mode == "sleep":
-                time.sleep(work_us / 1e6)
+                time.sleep(work_us / 1e6)  # noqa: ASYNC251 - blocking the loop is the point
             elif mode == "spin":
                 while time.perf_counter_ns() - started < work_us * 1000:
                     pass

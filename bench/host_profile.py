@@ -25,14 +25,15 @@ from transformers import AutoModelForCausalLM, LlamaConfig
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "bench"), str(ROOT / "tests")]
 
-from engine.model_drafter import ModelDrafter  # noqa: E402
-from engine.model_runner import ModelRunner, RuntimeConfig  # noqa: E402
-from engine.model_source import LoadedModel  # noqa: E402
-from engine.target_engine import TargetEngine  # noqa: E402
 from gpu_e2e import LLAMA_1B, LLAMA_8B, TINY  # noqa: E402
 from report import save_report  # noqa: E402
 from timing import cuda_ms  # noqa: E402
 from tiny_models import build_tokenizer  # noqa: E402
+
+from engine.model_drafter import ModelDrafter  # noqa: E402
+from engine.model_runner import ModelRunner, RuntimeConfig  # noqa: E402
+from engine.model_source import LoadedModel  # noqa: E402
+from engine.target_engine import TargetEngine  # noqa: E402
 
 PROMPT = 128
 

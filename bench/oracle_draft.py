@@ -24,7 +24,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from draft_service.registry import DraftRegistry, model_loader
-from draft_service.server import start_draft_server
+from draft_service.server import busy_poll_of, start_draft_server
 from engine.drafter import DraftSequence, ProposeTiming
 from engine.model_drafter import ModelDrafter
 from engine.sampling import SamplingParams
@@ -141,7 +141,8 @@ def main() -> None:
         drafts = DraftRegistry.of(inner, name="plain")
         for alpha in args.alphas:
             drafts.add(f"oracle-{alpha:g}", OracleDrafter(inner, continuations, alpha))
-        return await start_draft_server(drafts, args.host, args.port, args.ready_file)
+        return await start_draft_server(drafts, args.host, args.port, args.ready_file,
+                                        busy_poll=busy_poll_of(args, config))
 
     asyncio.run(serve_until_signal(start))
 

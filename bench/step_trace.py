@@ -15,13 +15,17 @@ The transport splits into its legs: the gateway's call to the engine call's star
 (`*_request_leg_ms`), the engine call's end to the gateway's answer (`*_answer_leg_ms`).
 Medians over the steps (a request's first step, after its prefill, falls out of them).
 `--tiny`: tiny models on the CPU (a check of the script; no graphs there, so no device time).
-`--spin`: every process's event loop spins instead of sleeping while idle (bench/trace_probe.py).
-Usage: python bench/step_trace.py [--tiny] [--spin] [--draft-quantize none|int8] [--keep-traces DIR] [--out PATH]
+`--busy-poll`: the three services' flag (specdec/busy_poll.py; auto polls on the GPU host, not on a
+2-core one); step_trace_spin.json was measured before the flag, with every loop spinning from
+bench/trace_probe.py (SPECDEC_TRACE_SPIN), as `--busy-poll on` does now.
+Usage: python bench/step_trace.py [--tiny] [--busy-poll auto|on|off] [--draft-quantize none|int8]
+                                  [--keep-traces DIR] [--out PATH]
 """
 from __future__ import annotations
 
 import argparse
 import bisect
+import itertools
 import json
 import os
 import shutil
@@ -38,9 +42,10 @@ sys.path[:0] = [str(ROOT), str(ROOT / "bench"), str(ROOT / "tests")]
 
 from gpu_e2e import LLAMA_1B, LLAMA_8B, TINY, prompts_text, run_config, write_model_dir  # noqa: E402
 from report import save_report  # noqa: E402
+from tiny_models import build_tokenizer  # noqa: E402
+
 from specdec.launch import Trio  # noqa: E402
 from specdec.v1 import gateway_pb2_grpc  # noqa: E402
-from tiny_models import build_tokenizer  # noqa: E402
 
 Interval = tuple[int, int]  # start_ns, end_ns
 
@@ -89,7 +94,7 @@ def step_parts(traces: dict[str, list[Interval]], window: Interval) -> dict[str,
     verifies = [v for v in traces.get("gw.verify", []) if window[0] <= v[0] and v[1] <= window[1]]
     proposes = traces.get("gw.propose", [])
     steps: list[dict[str, float]] = []
-    for before, verify in zip(verifies, verifies[1:]):
+    for before, verify in itertools.pairwise(verifies):
         parts = {"step_ms": (verify[1] - before[1]) / 1e6, **round_trip_parts(traces, verify, "tgt")}
         proposal = inside(proposes, (before[1], verify[0]))
         gap = parts["step_ms"] - parts["tgt_rpc_ms"]
@@ -119,7 +124,7 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--num-prompts", type=int, default=4)
     parser.add_argument("--draft-quantize", choices=["none", "int8"], default="none")
-    parser.add_argument("--spin", action="store_true", help="the processes' event loops spin while idle")
+    parser.add_argument("--busy-poll", choices=["auto", "on", "off"], default="auto")
     parser.add_argument("--keep-traces", type=Path, default=None, help="copy the probes' files here")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
@@ -140,9 +145,9 @@ def main() -> None:
         trio = Trio(work)
 
         def spawn(name: str, module: str, service_args: list[str]) -> str:
-            env = {"SPECDEC_TRACE_RUN": module, "SPECDEC_TRACE_DIR": str(traces_dir),
-                   "SPECDEC_TRACE_SPIN": "1" if args.spin else "0"}
-            return trio.wait_ready(trio.spawn(name, "bench.trace_probe", service_args, env=env), 900)
+            env = {"SPECDEC_TRACE_RUN": module, "SPECDEC_TRACE_DIR": str(traces_dir)}
+            return trio.wait_ready(trio.spawn(name, "bench.trace_probe", [*service_args, "--busy-poll", args.busy_poll],
+                                              env=env), 900)
 
         windows: dict[str, Interval] = {}
         try:

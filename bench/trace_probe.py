@@ -12,7 +12,6 @@ timeline for every process on the machine):
            are the host times its replay was called and its events were seen done).
 Each process appends `[name, start_ns, end_ns]` rows to DIR/ROLE-PID.jsonl (flushed every 256
 rows and at exit). bench/step_trace.py merges them into the parts of a step.
-SPECDEC_TRACE_SPIN=1: the process's event loop spins (never sleeps in epoll) while it serves.
 """
 from __future__ import annotations
 
@@ -110,30 +109,7 @@ def _patch_replays(recorder: Recorder) -> None:
     torch.cuda.CUDAGraph.replay = timed_replay
 
 
-def _spin_while_serving() -> None:
-    import asyncio
-
-    import specdec.serving
-
-    serve = specdec.serving.serve_until_signal
-
-    async def spin() -> None:
-        while True:
-            await asyncio.sleep(0)
-
-    async def spinning_serve(start):
-        spinner = asyncio.get_running_loop().create_task(spin())
-        try:
-            await serve(start)
-        finally:
-            spinner.cancel()
-
-    specdec.serving.serve_until_signal = spinning_serve
-
-
 def install(module: str, recorder: Recorder) -> None:
-    if os.environ.get("SPECDEC_TRACE_SPIN") == "1":
-        _spin_while_serving()
     if module == "gateway":
         from gateway.backends import DraftStream, TargetStream
 

@@ -160,9 +160,12 @@ class ModelRunner:
     @contextmanager
     def on_calling_thread(self) -> Iterator[None]:
         """Lets another thread run this runner's work as the loading thread does: on its device and
-        its stream (CUDA; see batching_loop.BatchingLoop's `inline`)."""
-        with torch.cuda.device(self.device), torch.cuda.stream(self.stream):
-            yield
+        its stream (CUDA; see batching_loop.BatchingLoop's `inline`). The thread keeps them after (as
+        the loading thread does): the torch.cuda.device and torch.cuda.stream context managers that
+        restored them cost ~85 us a step on the H200 host (bench/results/host_profile.json's profile),
+        and the event loop's thread runs no CUDA work but the runners' (each sets its own)."""
+        torch.cuda.set_stream(self.stream)  # sets the stream's device too
+        yield
 
     def forward(self, steps: list[StepInput]) -> list[torch.Tensor]:
         """Appends each step's tokens to its sequence's KV; returns [num_logits, vocab] per step."""

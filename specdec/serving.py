@@ -17,6 +17,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import CollectorRegistry
 
+from specdec.busy_poll import BusyPoll
 from specdec.errors import (
     CapacityError,
     IncompatibleModelsError,
@@ -154,6 +155,34 @@ def _wrap_stream(behavior: Callable) -> Callable:
     return wrapped
 
 
+class BusyPollInterceptor(grpc.aio.ServerInterceptor):
+    """Holds the server's busy poll (specdec/busy_poll.py) for as long as each streaming RPC runs:
+    the model services' Sequence streams, the gateway's Generate streams."""
+
+    def __init__(self, busy_poll: BusyPoll) -> None:
+        self._busy_poll = busy_poll
+
+    async def intercept_service(
+        self, continuation: Callable, handler_call_details: grpc.HandlerCallDetails
+    ) -> grpc.RpcMethodHandler | None:
+        handler = await continuation(handler_call_details)
+        if handler is None or not (handler.unary_stream or handler.stream_stream):
+            return handler
+        serializers = {"request_deserializer": handler.request_deserializer,
+                       "response_serializer": handler.response_serializer}
+        if handler.unary_stream:
+            return grpc.unary_stream_rpc_method_handler(self._held(handler.unary_stream), **serializers)
+        return grpc.stream_stream_rpc_method_handler(self._held(handler.stream_stream), **serializers)
+
+    def _held(self, behavior: Callable) -> Callable:
+        async def wrapped(request, context):
+            with self._busy_poll.held():
+                async for response in behavior(request, context):
+                    yield response
+
+        return wrapped
+
+
 @dataclass
 class RunningServer:
     server: grpc.aio.Server
@@ -162,6 +191,7 @@ class RunningServer:
     cleanup: Callable[[], Awaitable[None]] | None = None  # stops what the servicers use
     metrics: MetricsServer | None = None
     http_port: int | None = None  # the gateway's OpenAI-compatible HTTP port, when served
+    busy_poll: BusyPoll | None = None  # held while streams are open; None: the loop sleeps when idle
 
     @property
     def metrics_port(self) -> int | None:
@@ -189,6 +219,7 @@ async def start_server(
     metrics_port: int | None = None,
     max_receive_bytes: int = MAX_MESSAGE_BYTES,
     credentials: grpc.ServerCredentials | None = None,
+    busy_poll: bool = False,
 ) -> RunningServer:
     """Starts an asyncio gRPC server with our services, grpc.health.v1 and reflection.
 
@@ -197,11 +228,13 @@ async def start_server(
     outside the error interceptor (e.g. auth). With a `metrics_port` (0: a free one), the
     `metrics_registry` is served at http://HOST:PORT/metrics. A request message over
     `max_receive_bytes` is refused by gRPC with RESOURCE_EXHAUSTED. With `credentials` the port
-    speaks TLS (specdec.tls), otherwise plaintext.
+    speaks TLS (specdec.tls), otherwise plaintext. `busy_poll`: the event loop polls instead of
+    sleeping while any streaming RPC runs (specdec/busy_poll.py).
     """
     options = [*SERVER_OPTIONS, ("grpc.max_receive_message_length", max_receive_bytes)]
-    server = grpc.aio.server(interceptors=[RequestIdInterceptor(), *interceptors, ErrorInterceptor()],
-                             options=options)
+    poll = BusyPoll() if busy_poll else None
+    server = grpc.aio.server(interceptors=[*([BusyPollInterceptor(poll)] if poll else []), RequestIdInterceptor(),
+                                           *interceptors, ErrorInterceptor()], options=options)
     register(server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -221,7 +254,7 @@ async def start_server(
         tmp.write_text(f"{host}:{bound}\n")
         os.replace(tmp, ready_file)
     log.info("serving %s on %s:%d", ", ".join(service_names), host, bound)
-    return RunningServer(server, bound, health_servicer, cleanup, metrics)
+    return RunningServer(server, bound, health_servicer, cleanup, metrics, busy_poll=poll)
 
 
 async def serve_until_signal(start: Callable[[], Awaitable]) -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 from engine.batching_loop import torch_thread
 from engine.model_runner import ModelRunner, RuntimeConfig
 from engine.target_engine import TargetEngine, TargetEngineConfig
+from specdec.busy_poll import busy_poll_enabled
 from specdec.metrics import EngineSource, engine_registry
 from specdec.serving import RunningServer, serve_until_signal, start_server
 from specdec.tls import ServerTls, server_tls_config
@@ -22,10 +23,10 @@ async def start_target_server(
     runner: ModelRunner, host: str = "127.0.0.1", port: int = 0,
     config: TargetEngineConfig = TargetEngineConfig(),
     ready_file: Path | None = None, executor: ThreadPoolExecutor | None = None,
-    metrics_port: int | None = None, tls: ServerTls | None = None,
+    metrics_port: int | None = None, tls: ServerTls | None = None, busy_poll: bool = False,
 ) -> RunningServer:
     """`metrics_port`: serve Prometheus metrics there (0: a free port; None: not at all); `tls`:
-    serve over TLS (mTLS when it names a client CA)."""
+    serve over TLS (mTLS when it names a client CA); `busy_poll`: specdec/busy_poll.py."""
     engine = TargetEngine(runner, config, executor)
     registry, forward_metrics = engine_registry(
         "target", lambda: [EngineSource({}, engine.stats(), runner.description, runner)])
@@ -36,6 +37,7 @@ async def start_target_server(
         lambda server: target_pb2_grpc.add_TargetServiceServicer_to_server(servicer, server),
         [SERVICE_NAME], host, port, ready_file, cleanup=engine.stop,
         metrics_registry=registry, metrics_port=metrics_port, credentials=tls.credentials() if tls else None,
+        busy_poll=busy_poll,
     )
 
 
@@ -43,7 +45,8 @@ def run(args: argparse.Namespace, config: RuntimeConfig) -> None:
     engine_config = TargetEngineConfig(args.max_batch_size, args.max_num_batched_tokens)
     executor = torch_thread()
     runner = executor.submit(ModelRunner, config).result()  # load on the thread that will run it
+    busy_poll = busy_poll_enabled(args.busy_poll, model_on_cpu=runner.device.type == "cpu")
     asyncio.run(serve_until_signal(
         lambda: start_target_server(runner, args.host, args.port, engine_config, args.ready_file, executor,
-                                    args.metrics_port, server_tls_config(args))
+                                    args.metrics_port, server_tls_config(args), busy_poll)
     ))

@@ -1,0 +1,72 @@
+"""Busy polling in the running trio: each service's loop polls while its streams are open, lets go
+when they end (finished or cancelled), and the output is the target's own."""
+from __future__ import annotations
+
+import time
+
+import pytest
+from harness import channel, generate
+
+from draft_service.registry import DraftRegistry
+from draft_service.server import start_draft_server
+from engine.model_drafter import ModelDrafter
+from engine.model_runner import ModelRunner, RuntimeConfig
+from gateway.config import GatewayConfig
+from gateway.server import start_gateway_server
+from specdec.v1 import gateway_pb2, gateway_pb2_grpc
+from target_service.server import start_target_server
+
+
+@pytest.fixture(scope="module")
+def polling_trio(loop, model_dirs):
+    runner = lambda name: ModelRunner(RuntimeConfig(model=str(model_dirs[name]), kv_cache_tokens=4096))  # noqa: E731
+    target = loop.run(start_target_server(runner("target"), busy_poll=True))
+    draft = loop.run(start_draft_server(DraftRegistry.of(ModelDrafter(runner("perturbed"))), busy_poll=True))
+    gateway = loop.run(start_gateway_server(
+        GatewayConfig(f"127.0.0.1:{target.port}", f"127.0.0.1:{draft.port}"), busy_poll=True))
+    yield {"gateway": gateway, "target": target, "draft": draft}
+    for server in (gateway, draft, target):
+        loop.run(server.stop())
+
+
+def _holders(trio) -> dict[str, int]:
+    return {name: server.busy_poll.num_holders for name, server in trio.items()}
+
+
+def _wait_released(trio, timeout_s: float = 10) -> dict[str, int]:
+    deadline = time.monotonic() + timeout_s
+    while any(_holders(trio).values()) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return _holders(trio)
+
+
+def test_every_service_polls_during_a_stream_and_stops_after_it(polling_trio):
+    request = {"prompt": "The quick brown fox", "max_new_tokens": 24, "num_draft_tokens": 3, "ignore_eos": True}
+    polls = {name: server.busy_poll.num_polls for name, server in polling_trio.items()}
+    with channel(polling_trio["gateway"].port) as c:
+        stream = gateway_pb2_grpc.GatewayStub(c).Generate(gateway_pb2.GenerateRequest(**request), timeout=60)
+        next(stream)  # the first token: every stream of the request is open
+        during = _holders(polling_trio)
+        for _ in stream:
+            pass
+    assert during == {"gateway": 1, "target": 1, "draft": 1}
+    assert all(server.busy_poll.num_polls > polls[name] for name, server in polling_trio.items())
+    assert _wait_released(polling_trio) == {"gateway": 0, "target": 0, "draft": 0}
+
+
+def test_the_output_is_the_targets_own_while_polling(polling_trio, gateway_stub):
+    request = {"prompt": "Once upon a time", "max_new_tokens": 24, "num_draft_tokens": 3, "ignore_eos": True}
+    target_only, _, _ = generate(gateway_stub("none"), **request)  # the session's target, not polling
+    with channel(polling_trio["gateway"].port) as c:
+        token_ids, _, final = generate(gateway_pb2_grpc.GatewayStub(c), **request)
+    assert token_ids == target_only
+    assert final.stats.num_accepted_tokens > 0  # the draft took part
+
+
+def test_a_cancelled_stream_lets_go_of_every_poll(polling_trio):
+    request = gateway_pb2.GenerateRequest(prompt="Hello there", max_new_tokens=200, num_draft_tokens=3, ignore_eos=True)
+    with channel(polling_trio["gateway"].port) as c:
+        stream = gateway_pb2_grpc.GatewayStub(c).Generate(request, timeout=60)
+        next(stream)
+        stream.cancel()
+    assert _wait_released(polling_trio) == {"gateway": 0, "target": 0, "draft": 0}

@@ -1,0 +1,45 @@
+"""Busy polling (specdec/busy_poll.py): when a service polls, and that its loop polls exactly while held."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from specdec.busy_poll import BusyPoll, busy_poll_enabled
+
+
+@pytest.mark.parametrize(("mode", "model_on_cpu", "num_cpus", "enabled"), [
+    ("on", True, 2, True),
+    ("off", False, 64, False),
+    ("auto", False, 16, True),  # the GPU host: a CUDA model, cores to spare
+    ("auto", True, 16, False),  # a CPU model's torch threads need every core
+    ("auto", False, 2, False),  # CI's two cores: none to spare
+])
+def test_the_mode_the_model_device_and_the_cores_decide(mode, model_on_cpu, num_cpus, enabled):
+    assert busy_poll_enabled(mode, model_on_cpu, num_cpus) is enabled
+
+
+def test_an_unknown_mode_is_refused_with_the_choices():
+    with pytest.raises(ValueError, match="auto, on, off"):
+        busy_poll_enabled("always")
+
+
+def test_the_loop_polls_while_exactly_one_holder_is_left():
+    async def polls_during(poll: BusyPoll) -> int:
+        before = poll.num_polls
+        await asyncio.sleep(0.02)
+        return poll.num_polls - before
+
+    async def scenario() -> None:
+        poll = BusyPoll()
+        with poll.held():
+            assert await polls_during(poll) > 10  # a sleeping loop would have run the task ~once
+            with poll.held():  # a second stream: the loop is left to sleep
+                await asyncio.sleep(0)  # the cancelled task ends
+                assert not poll.is_polling and await polls_during(poll) == 0
+            assert poll.num_holders == 1 and poll.is_polling
+            assert await polls_during(poll) > 10
+        await asyncio.sleep(0)
+        assert (poll.num_holders, poll.is_polling, await polls_during(poll)) == (0, False, 0)
+
+    asyncio.run(scenario())
