@@ -162,7 +162,7 @@ class ModelRunner:
         """Lets another thread run this runner's work as the loading thread does: on its device and
         its stream (CUDA; see batching_loop.BatchingLoop's `inline`). The thread keeps them after (as
         the loading thread does): the torch.cuda.device and torch.cuda.stream context managers that
-        restored them cost ~85 us a step on the H200 host (bench/results/host_profile.json's profile),
+        restored them cost ~85 us a call on the H200 host (bench/results/host_profile.json's profile),
         and the event loop's thread runs no CUDA work but the runners' (each sets its own)."""
         torch.cuda.set_stream(self.stream)  # sets the stream's device too
         yield

@@ -28,7 +28,7 @@ async def start_gateway_server(
 
     `metrics_port` / `http_port`: serve Prometheus metrics / the OpenAI API there (0: a free port,
     None: not at all); the bound ports are on the returned server. `tls`: serve gRPC over TLS.
-    `busy_poll`: the loop polls while Generate streams are open (specdec/busy_poll.py).
+    `busy_poll`: the loop polls while one Generate stream is open (specdec/busy_poll.py).
     """
     backends = Backends(config.target_address, config.draft_address, config.draft_step_timeout_s,
                         config.target_failover_timeout_s, config.backend_tls)

@@ -1,4 +1,4 @@
-"""Busy polling: a service's event loop keeps polling, never sleeping, while streams are open.
+"""Busy polling: a service's event loop keeps polling, never sleeping, while one stream is open.
 
 Between two messages of a step an idle event loop sleeps in epoll, and so does its core; on the
 GPU host (a VM) a message that arrives after a few milliseconds of that pays for the wake-up.
@@ -6,17 +6,18 @@ Measured on the H200 host (bench/results/step_trace*.json, spec alpha 0.8 k 4, o
 round trip to a model service spent 0.98-0.99 ms outside the service's engine call with every
 loop sleeping, 0.63-0.65 ms with the loops of all three services polling; the step went from
 12.25 to 11.36 ms, target-only from 5.87 to 5.39 ms. The cost is one busy core per service while
-it serves (none while idle).
+it serves one request (none while idle or serving several).
 
 Only while exactly one stream is open: with several, their messages keep the loop awake anyway,
-and a model service runs their batches on its worker thread, whose every GIL hand-back a polling
-loop delays (the loop takes the GIL straight back after each zero-timeout poll; the worker waits
-out the 5 ms switch interval). Polling with any number of streams open made 8 target-only streams
-~42 % slower on the H200 (bench/results/gpu_e2e_busy_poll_all_streams.json: 512 tok/s, 880 before).
+and a model service runs their batches on its worker thread, which needs the GIL the polling loop
+keeps taking back (likely: it re-acquires it right after each zero-timeout poll, and the worker
+then waits out the 5 ms switch interval; not measured further). Polling with any number of streams
+open made 8 target-only streams ~42 % slower on the H200
+(bench/results/gpu_e2e_busy_poll_all_streams.json: 512 tok/s, ~880 without).
 
-`auto` (the default) polls where the host has cores
-to spare (at least MIN_CPUS) and, in a model service, where the model runs on a GPU: a CPU model's
-torch threads need every core (on a 2-core machine polling made the tiny trio's steps 7-18x slower).
+`auto` (the default) polls where the host has cores to spare (at least MIN_CPUS) and, in a model
+service, where the model runs on a GPU: a CPU model's torch threads need every core (on a 2-core
+machine polling made the tiny trio's steps 7-18x slower).
 """
 from __future__ import annotations
 

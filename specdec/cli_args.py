@@ -29,8 +29,8 @@ def add_server_args(parser: argparse.ArgumentParser, prefix: str, default_port: 
     parser.add_argument("--metrics-port", type=int, default=env("metrics_port", None),
                         help="serve Prometheus metrics at http://HOST:PORT/metrics; unset: off, 0: a free port")
     parser.add_argument("--busy-poll", choices=BUSY_POLL_MODES, default=env("busy_poll", "auto"),
-                        help="keep the event loop polling while streams are open (one busy core; a step's round trips "
-                             "lose the wake-ups). auto: on with >= 8 CPUs, in a model service only with a CUDA model")
+                        help="keep the event loop polling while exactly one stream is open (one busy core; a step's round "
+                             "trips lose the wake-ups). auto: on with >= 8 CPUs, in a model service only with a CUDA model")
 
 
 def add_runtime_args(parser: argparse.ArgumentParser, prefix: str, default_model: str,

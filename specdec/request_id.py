@@ -3,6 +3,7 @@ model services, held in a contextvar for the life of an RPC, and stamped on ever
 from __future__ import annotations
 
 import contextvars
+import inspect
 import json
 import logging
 import re
@@ -82,6 +83,9 @@ def _wrap_unary(behavior: Callable, method: str) -> Callable:
 
 
 def _wrap_stream(behavior: Callable, method: str) -> Callable:
+    if not inspect.isasyncgenfunction(behavior):  # it writes its responses itself (context.write): health's Watch
+        return _wrap_unary(behavior, method)
+
     async def wrapped(request, context):
         await _enter(context, method)
         try:

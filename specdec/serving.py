@@ -4,6 +4,7 @@ options."""
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import logging
 import os
@@ -145,6 +146,9 @@ def _wrap_unary(behavior: Callable) -> Callable:
 
 
 def _wrap_stream(behavior: Callable) -> Callable:
+    if not inspect.isasyncgenfunction(behavior):  # it writes its responses itself (context.write): health's Watch
+        return _wrap_unary(behavior)
+
     async def wrapped(request, context):
         try:
             async for response in behavior(request, context):
@@ -156,17 +160,20 @@ def _wrap_stream(behavior: Callable) -> Callable:
 
 
 class BusyPollInterceptor(grpc.aio.ServerInterceptor):
-    """Holds the server's busy poll (specdec/busy_poll.py) for as long as each streaming RPC runs:
-    the model services' Sequence streams, the gateway's Generate streams."""
+    """Holds the server's busy poll (specdec/busy_poll.py) for as long as each streaming RPC of
+    `service_names` runs: the model services' Sequence streams, the gateway's Generate streams; not
+    a health Watch or a reflection stream, which may stay open on an idle server."""
 
-    def __init__(self, busy_poll: BusyPoll) -> None:
+    def __init__(self, busy_poll: BusyPoll, service_names: Sequence[str]) -> None:
         self._busy_poll = busy_poll
+        self._service_names = frozenset(service_names)
 
     async def intercept_service(
         self, continuation: Callable, handler_call_details: grpc.HandlerCallDetails
     ) -> grpc.RpcMethodHandler | None:
         handler = await continuation(handler_call_details)
-        if handler is None or not (handler.unary_stream or handler.stream_stream):
+        service = handler_call_details.method.split("/")[1] if handler_call_details.method else ""
+        if handler is None or not (handler.unary_stream or handler.stream_stream) or service not in self._service_names:
             return handler
         serializers = {"request_deserializer": handler.request_deserializer,
                        "response_serializer": handler.response_serializer}
@@ -229,12 +236,13 @@ async def start_server(
     `metrics_registry` is served at http://HOST:PORT/metrics. A request message over
     `max_receive_bytes` is refused by gRPC with RESOURCE_EXHAUSTED. With `credentials` the port
     speaks TLS (specdec.tls), otherwise plaintext. `busy_poll`: the event loop polls instead of
-    sleeping while any streaming RPC runs (specdec/busy_poll.py).
+    sleeping while one streaming RPC of `service_names` runs (specdec/busy_poll.py).
     """
     options = [*SERVER_OPTIONS, ("grpc.max_receive_message_length", max_receive_bytes)]
     poll = BusyPoll() if busy_poll else None
-    server = grpc.aio.server(interceptors=[*([BusyPollInterceptor(poll)] if poll else []), RequestIdInterceptor(),
-                                           *interceptors, ErrorInterceptor()], options=options)
+    polling = [BusyPollInterceptor(poll, service_names)] if poll else []
+    server = grpc.aio.server(interceptors=[*polling, RequestIdInterceptor(), *interceptors, ErrorInterceptor()],
+                             options=options)
     register(server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)

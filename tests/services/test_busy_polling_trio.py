@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from harness import channel, generate
 
 from draft_service.registry import DraftRegistry
@@ -61,6 +62,16 @@ def test_the_output_is_the_targets_own_while_polling(polling_trio, gateway_stub)
         token_ids, _, final = generate(gateway_pb2_grpc.GatewayStub(c), **request)
     assert token_ids == target_only
     assert final.stats.num_accepted_tokens > 0  # the draft took part
+
+
+def test_a_health_watch_left_open_does_not_make_an_idle_service_poll(polling_trio):
+    """Watch is a server stream like Generate, but a monitor may hold it open for good."""
+    with channel(polling_trio["target"].port) as c:
+        watch = health_pb2_grpc.HealthStub(c).Watch(health_pb2.HealthCheckRequest(), timeout=30)
+        assert next(watch).status == health_pb2.HealthCheckResponse.SERVING
+        held = _holders(polling_trio)["target"]
+        watch.cancel()
+    assert held == 0
 
 
 def test_a_cancelled_stream_lets_go_of_every_poll(polling_trio):
