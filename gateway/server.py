@@ -6,6 +6,8 @@ import argparse
 import asyncio
 from pathlib import Path
 
+import torch
+
 from gateway.backends import Backends
 from gateway.config import GatewayConfig
 from gateway.driver import Driver
@@ -72,4 +74,4 @@ async def start_gateway_server(
 def run(args: argparse.Namespace, config: GatewayConfig) -> None:
     asyncio.run(serve_until_signal(lambda: start_gateway_server(
         config, args.host, args.port, args.ready_file, args.metrics_port, args.http_port, server_tls_config(args),
-        busy_poll_enabled(args.busy_poll))))
+        busy_poll_enabled(args.busy_poll, model_on_cpu=not torch.cuda.is_available()))))
