@@ -73,6 +73,7 @@ class ModelDescription:
     tokenizer_fingerprint: str
     max_model_len: int
     eos_token_ids: list[int]
+    device: str = "cpu"  # torch device type the model runs on
 
 
 # Positions past max_model_len a forward may hold: a batched draft loop feeds every row up to the
@@ -140,6 +141,7 @@ class ModelRunner:
             tokenizer_fingerprint=tokenizer_fingerprint(loaded.tokenizer),
             max_model_len=self.max_model_len,
             eos_token_ids=eos_token_ids(loaded.tokenizer, getattr(loaded.hf_model.generation_config, "eos_token_id", None)),
+            device=device.type,
         )
         log.info("model ready: %s (%d layers, max_model_len %d, KV %d blocks x %d tokens, layer kernels %s%s)",
                  loaded.model_id, shape.num_layers, self.max_model_len, num_blocks, config.kv_block_size,

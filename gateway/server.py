@@ -6,8 +6,6 @@ import argparse
 import asyncio
 from pathlib import Path
 
-import torch
-
 from gateway.backends import Backends
 from gateway.config import GatewayConfig
 from gateway.driver import Driver
@@ -24,13 +22,14 @@ SERVICE_NAME = gateway_pb2.DESCRIPTOR.services_by_name["Gateway"].full_name
 async def start_gateway_server(
     config: GatewayConfig, host: str = "127.0.0.1", port: int = 0, ready_file: Path | None = None,
     metrics_port: int | None = None, http_port: int | None = None, tls: ServerTls | None = None,
-    busy_poll: bool = False,
+    busy_poll: str = "off",
 ) -> RunningServer:
     """Raises IncompatibleModelsError / ServiceUnavailableError before serving anything.
 
     `metrics_port` / `http_port`: serve Prometheus metrics / the OpenAI API there (0: a free port,
     None: not at all); the bound ports are on the returned server. `tls`: serve gRPC over TLS.
-    `busy_poll`: the loop polls while one Generate stream is open (specdec/busy_poll.py).
+    `busy_poll`: a --busy-poll mode, whether the loop polls while one Generate stream is open
+    (specdec/busy_poll.py); auto reads the target's device from its ModelInfo.
     """
     backends = Backends(config.target_address, config.draft_address, config.draft_step_timeout_s,
                         config.target_failover_timeout_s, config.backend_tls)
@@ -63,7 +62,8 @@ async def start_gateway_server(
         lambda server: gateway_pb2_grpc.add_GatewayServicer_to_server(servicer, server),
         [SERVICE_NAME], host, port, ready_file, cleanup=cleanup,
         metrics_registry=metrics.registry, metrics_port=metrics_port, max_receive_bytes=config.max_request_bytes,
-        credentials=tls.credentials() if tls else None, busy_poll=busy_poll,
+        credentials=tls.credentials() if tls else None,
+        busy_poll=busy_poll_enabled(busy_poll, model_on_cpu=backends.target_info.device != "cuda"),
     )
     if http is not None:
         await http.start()
@@ -74,4 +74,4 @@ async def start_gateway_server(
 def run(args: argparse.Namespace, config: GatewayConfig) -> None:
     asyncio.run(serve_until_signal(lambda: start_gateway_server(
         config, args.host, args.port, args.ready_file, args.metrics_port, args.http_port, server_tls_config(args),
-        busy_poll_enabled(args.busy_poll, model_on_cpu=not torch.cuda.is_available()))))
+        args.busy_poll)))

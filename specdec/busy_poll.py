@@ -17,10 +17,9 @@ open made 8 target-only streams ~42 % slower on the H200
 
 `auto` (the default) polls where the host has cores to spare (at least MIN_CPUS) and, in a model
 service, where the model runs on a GPU: a CPU model's torch threads need every core (on a 2-core
-machine polling made the tiny trio's steps 7-18x slower). The gateway, which cannot see where the
-models run, takes its own host's GPU for the sign: none, and it leaves the cores to CPU models that
-may share the host (the default CPU trio of specdec-launch); a gateway container without a GPU on
-a GPU host does not poll unless told `on`.
+machine polling made the tiny trio's steps 7-18x slower). The gateway goes by the target's device
+(ModelInfo.device): beside CPU models, as specdec-launch's default CPU trio on a many-core machine,
+a polling gateway would take a core from their torch threads.
 """
 from __future__ import annotations
 

@@ -30,7 +30,7 @@ def add_server_args(parser: argparse.ArgumentParser, prefix: str, default_port: 
                         help="serve Prometheus metrics at http://HOST:PORT/metrics; unset: off, 0: a free port")
     parser.add_argument("--busy-poll", choices=BUSY_POLL_MODES, default=env("busy_poll", "auto"),
                         help="keep the event loop polling while exactly one stream is open (one busy core; a step's round "
-                             "trips lose the wake-ups). auto: on with >= 8 CPUs and a CUDA model (the gateway: a GPU on its host)")
+                             "trips lose the wake-ups). auto: on with >= 8 CPUs and a CUDA model (the gateway: the target's)")
 
 
 def add_runtime_args(parser: argparse.ArgumentParser, prefix: str, default_model: str,

@@ -14,6 +14,7 @@ def model_info_pb(description: ModelDescription) -> common_pb2.ModelInfo:
         max_model_len=description.max_model_len,
         eos_token_ids=description.eos_token_ids,
         architecture=description.architecture,
+        device=description.device,
     )
 
 

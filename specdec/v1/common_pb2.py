@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17specdec/v1/common.proto\x12\nspecdec.v1\"\x12\n\x10ModelInfoRequest\"\x94\x01\n\tModelInfo\x12\x10\n\x08model_id\x18\x01 \x01(\t\x12\x12\n\nvocab_size\x18\x02 \x01(\x05\x12\x1d\n\x15tokenizer_fingerprint\x18\x03 \x01(\t\x12\x15\n\rmax_model_len\x18\x04 \x01(\x05\x12\x15\n\reos_token_ids\x18\x05 \x03(\x05\x12\x14\n\x0c\x61rchitecture\x18\x06 \x01(\t\"\x12\n\x10TokenizerRequest\"\x93\x01\n\x0eTokenizerFiles\x12\x34\n\x05\x66iles\x18\x01 \x03(\x0b\x32%.specdec.v1.TokenizerFiles.FilesEntry\x12\x1d\n\x15tokenizer_fingerprint\x18\x02 \x01(\t\x1a,\n\nFilesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x0c:\x02\x38\x01\"\x14\n\x12\x45ngineStatsRequest\"\x9d\x02\n\x0b\x45ngineStats\x12\x1c\n\x14num_active_sequences\x18\x01 \x01(\x05\x12\x1a\n\x12num_kv_blocks_used\x18\x02 \x01(\x05\x12\x1b\n\x13num_kv_blocks_total\x18\x03 \x01(\x05\x12\x15\n\rkv_block_size\x18\x04 \x01(\x05\x12\x14\n\x0cnum_forwards\x18\x05 \x01(\x03\x12\x1a\n\x12num_sequence_steps\x18\x06 \x01(\x03\x12\x1d\n\x15num_sequences_started\x18\x07 \x01(\x03\x12\x1d\n\x15num_waiting_sequences\x18\x08 \x01(\x05\x12\x16\n\x0enum_ahead_hits\x18\t \x01(\x03\x12\x18\n\x10num_ahead_misses\x18\n \x01(\x03\"`\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_p\x18\x02 \x01(\x02\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\r\n\x05min_p\x18\x04 \x01(\x02\x12\x0c\n\x04seed\x18\x05 \x01(\x04\"5\n\x11TokenDistribution\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\r\n\x05probs\x18\x02 \x03(\x02\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17specdec/v1/common.proto\x12\nspecdec.v1\"\x12\n\x10ModelInfoRequest\"\xa4\x01\n\tModelInfo\x12\x10\n\x08model_id\x18\x01 \x01(\t\x12\x12\n\nvocab_size\x18\x02 \x01(\x05\x12\x1d\n\x15tokenizer_fingerprint\x18\x03 \x01(\t\x12\x15\n\rmax_model_len\x18\x04 \x01(\x05\x12\x15\n\reos_token_ids\x18\x05 \x03(\x05\x12\x14\n\x0c\x61rchitecture\x18\x06 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x07 \x01(\t\"\x12\n\x10TokenizerRequest\"\x93\x01\n\x0eTokenizerFiles\x12\x34\n\x05\x66iles\x18\x01 \x03(\x0b\x32%.specdec.v1.TokenizerFiles.FilesEntry\x12\x1d\n\x15tokenizer_fingerprint\x18\x02 \x01(\t\x1a,\n\nFilesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x0c:\x02\x38\x01\"\x14\n\x12\x45ngineStatsRequest\"\x9d\x02\n\x0b\x45ngineStats\x12\x1c\n\x14num_active_sequences\x18\x01 \x01(\x05\x12\x1a\n\x12num_kv_blocks_used\x18\x02 \x01(\x05\x12\x1b\n\x13num_kv_blocks_total\x18\x03 \x01(\x05\x12\x15\n\rkv_block_size\x18\x04 \x01(\x05\x12\x14\n\x0cnum_forwards\x18\x05 \x01(\x03\x12\x1a\n\x12num_sequence_steps\x18\x06 \x01(\x03\x12\x1d\n\x15num_sequences_started\x18\x07 \x01(\x03\x12\x1d\n\x15num_waiting_sequences\x18\x08 \x01(\x05\x12\x16\n\x0enum_ahead_hits\x18\t \x01(\x03\x12\x18\n\x10num_ahead_misses\x18\n \x01(\x03\"`\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_p\x18\x02 \x01(\x02\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\r\n\x05min_p\x18\x04 \x01(\x02\x12\x0c\n\x04seed\x18\x05 \x01(\x04\"5\n\x11TokenDistribution\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\r\n\x05probs\x18\x02 \x03(\x02\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,19 +36,19 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_MODELINFOREQUEST']._serialized_start=39
   _globals['_MODELINFOREQUEST']._serialized_end=57
   _globals['_MODELINFO']._serialized_start=60
-  _globals['_MODELINFO']._serialized_end=208
-  _globals['_TOKENIZERREQUEST']._serialized_start=210
-  _globals['_TOKENIZERREQUEST']._serialized_end=228
-  _globals['_TOKENIZERFILES']._serialized_start=231
-  _globals['_TOKENIZERFILES']._serialized_end=378
-  _globals['_TOKENIZERFILES_FILESENTRY']._serialized_start=334
-  _globals['_TOKENIZERFILES_FILESENTRY']._serialized_end=378
-  _globals['_ENGINESTATSREQUEST']._serialized_start=380
-  _globals['_ENGINESTATSREQUEST']._serialized_end=400
-  _globals['_ENGINESTATS']._serialized_start=403
-  _globals['_ENGINESTATS']._serialized_end=688
-  _globals['_SAMPLINGPARAMS']._serialized_start=690
-  _globals['_SAMPLINGPARAMS']._serialized_end=786
-  _globals['_TOKENDISTRIBUTION']._serialized_start=788
-  _globals['_TOKENDISTRIBUTION']._serialized_end=841
+  _globals['_MODELINFO']._serialized_end=224
+  _globals['_TOKENIZERREQUEST']._serialized_start=226
+  _globals['_TOKENIZERREQUEST']._serialized_end=244
+  _globals['_TOKENIZERFILES']._serialized_start=247
+  _globals['_TOKENIZERFILES']._serialized_end=394
+  _globals['_TOKENIZERFILES_FILESENTRY']._serialized_start=350
+  _globals['_TOKENIZERFILES_FILESENTRY']._serialized_end=394
+  _globals['_ENGINESTATSREQUEST']._serialized_start=396
+  _globals['_ENGINESTATSREQUEST']._serialized_end=416
+  _globals['_ENGINESTATS']._serialized_start=419
+  _globals['_ENGINESTATS']._serialized_end=704
+  _globals['_SAMPLINGPARAMS']._serialized_start=706
+  _globals['_SAMPLINGPARAMS']._serialized_end=802
+  _globals['_TOKENDISTRIBUTION']._serialized_start=804
+  _globals['_TOKENDISTRIBUTION']._serialized_end=857
 # @@protoc_insertion_point(module_scope)

@@ -11,20 +11,22 @@ class ModelInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("model_id", "vocab_size", "tokenizer_fingerprint", "max_model_len", "eos_token_ids", "architecture")
+    __slots__ = ("model_id", "vocab_size", "tokenizer_fingerprint", "max_model_len", "eos_token_ids", "architecture", "device")
     MODEL_ID_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
     TOKENIZER_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
     EOS_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     ARCHITECTURE_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
     model_id: str
     vocab_size: int
     tokenizer_fingerprint: str
     max_model_len: int
     eos_token_ids: _containers.RepeatedScalarFieldContainer[int]
     architecture: str
-    def __init__(self, model_id: _Optional[str] = ..., vocab_size: _Optional[int] = ..., tokenizer_fingerprint: _Optional[str] = ..., max_model_len: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., architecture: _Optional[str] = ...) -> None: ...
+    device: str
+    def __init__(self, model_id: _Optional[str] = ..., vocab_size: _Optional[int] = ..., tokenizer_fingerprint: _Optional[str] = ..., max_model_len: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., architecture: _Optional[str] = ..., device: _Optional[str] = ...) -> None: ...
 
 class TokenizerRequest(_message.Message):
     __slots__ = ()

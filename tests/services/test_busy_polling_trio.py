@@ -2,6 +2,7 @@
 when they end (finished or cancelled), and the output is the target's own."""
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -14,6 +15,7 @@ from engine.model_drafter import ModelDrafter
 from engine.model_runner import ModelRunner, RuntimeConfig
 from gateway.config import GatewayConfig
 from gateway.server import start_gateway_server
+from specdec import busy_poll
 from specdec.v1 import gateway_pb2, gateway_pb2_grpc
 from target_service.server import start_target_server
 
@@ -24,7 +26,7 @@ def polling_trio(loop, model_dirs):
     target = loop.run(start_target_server(runner("target"), busy_poll=True))
     draft = loop.run(start_draft_server(DraftRegistry.of(ModelDrafter(runner("perturbed"))), busy_poll=True))
     gateway = loop.run(start_gateway_server(
-        GatewayConfig(f"127.0.0.1:{target.port}", f"127.0.0.1:{draft.port}"), busy_poll=True))
+        GatewayConfig(f"127.0.0.1:{target.port}", f"127.0.0.1:{draft.port}"), busy_poll="on"))
     yield {"gateway": gateway, "target": target, "draft": draft}
     for server in (gateway, draft, target):
         loop.run(server.stop())
@@ -62,6 +64,20 @@ def test_the_output_is_the_targets_own_while_polling(polling_trio, gateway_stub)
         token_ids, _, final = generate(gateway_pb2_grpc.GatewayStub(c), **request)
     assert token_ids == target_only
     assert final.stats.num_accepted_tokens > 0  # the draft took part
+
+
+@pytest.mark.parametrize(("mode", "polls"), [("auto", False), ("on", True)])
+def test_a_gateway_polls_on_auto_only_for_a_target_on_cuda(loop, target_server, monkeypatch, mode, polls):
+    """The session's target runs on the CPU: auto leaves a gateway in front of it asleep, even on a
+    host of many cores."""
+    if os.environ.get("SPECDEC_TEST_DEVICE", "cpu") != "cpu":
+        pytest.skip("the session's target runs on the CPU only by default")
+    monkeypatch.setattr(busy_poll.os, "cpu_count", lambda: 64)
+    gateway = loop.run(start_gateway_server(GatewayConfig(f"127.0.0.1:{target_server.port}", None), busy_poll=mode))
+    try:
+        assert (gateway.busy_poll is not None) is polls
+    finally:
+        loop.run(gateway.stop())
 
 
 def test_a_health_watch_left_open_does_not_make_an_idle_service_poll(polling_trio):

@@ -1,8 +1,11 @@
 """Start-up checks (incompatible pairs) and running out of KV cache."""
 from __future__ import annotations
 
+import os
+
 import grpc
 import pytest
+from harness import channel, generate
 
 from draft_service.registry import DraftRegistry
 from draft_service.server import start_draft_server
@@ -10,7 +13,6 @@ from engine.model_drafter import ModelDrafter
 from engine.model_runner import ModelRunner, RuntimeConfig
 from gateway.config import GatewayConfig
 from gateway.server import start_gateway_server
-from harness import channel, generate
 from specdec.errors import IncompatibleModelsError, ServiceUnavailableError
 from specdec.v1 import common_pb2, gateway_pb2_grpc, target_pb2_grpc
 from target_service.server import start_target_server
@@ -40,6 +42,8 @@ def test_model_info_describes_the_served_models(target_stub, draft_stub, model_d
     assert (target.vocab_size, target.max_model_len, target.architecture) == (400, 256, "llama")
     assert target.tokenizer_fingerprint == draft.tokenizer_fingerprint != ""
     assert ngram.tokenizer_fingerprint == "" and ngram.architecture == "ngram"
+    device = os.environ.get("SPECDEC_TEST_DEVICE", "cpu")  # as conftest runs the services
+    assert (target.device, draft.device, ngram.device) == (device, device, "cpu")  # the gateway's --busy-poll auto
 
 
 def test_request_larger_than_the_kv_pool_gets_resource_exhausted(loop, model_dirs):
