@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator
-from contextlib import aclosing
+from contextlib import aclosing, nullcontext
 from dataclasses import dataclass
 
 import grpc
@@ -28,6 +28,7 @@ from gateway.request import GenerationParams, parse_request
 from gateway.speculation_policy import SpeculationHistory, SpeculationPolicy
 from gateway.speculative_loop import speculative_generate
 from gateway.stats import RequestStats
+from specdec.busy_poll import BusyPoll
 from specdec.errors import InvalidRequestError, ServiceUnavailableError
 from specdec.request_id import current_request_id
 from specdec.v1 import gateway_pb2
@@ -51,8 +52,10 @@ MAX_DRAFT_HISTORIES = 64
 
 class Driver:
     def __init__(self, config: GatewayConfig, backends: Backends, tokenizer: PreTrainedTokenizerBase,
-                 metrics: GatewayMetrics) -> None:
+                 metrics: GatewayMetrics, busy_poll: BusyPoll | None = None) -> None:
+        """`busy_poll`: held for each generation, gRPC and HTTP alike (specdec/busy_poll.py)."""
         self._config = config
+        self._busy_poll = busy_poll
         self._backends = backends
         self.tokenizer = tokenizer
         self.metrics = metrics
@@ -77,9 +80,11 @@ class Driver:
         """Streams the completion once the request is admitted (CapacityError when the gateway's
         queue is full); iterate it inside `contextlib.aclosing` so an early stop frees the model
         streams at once. `timeout_s`: the client's remaining deadline, passed on to the model streams."""
-        async with self._admission.slot(), aclosing(self._generate(params, api, timeout_s)) as deltas:
-            async for delta in deltas:
-                yield delta
+        polling = self._busy_poll.held() if self._busy_poll is not None else nullcontext()
+        with polling:
+            async with self._admission.slot(), aclosing(self._generate(params, api, timeout_s)) as deltas:
+                async for delta in deltas:
+                    yield delta
 
     async def _generate(self, params: GenerationParams, api: str, timeout_s: float | None) -> AsyncIterator[Delta]:
         stats = RequestStats(num_prompt_tokens=len(params.prompt_ids), request_id=current_request_id())

@@ -11,7 +11,7 @@ from gateway.config import GatewayConfig
 from gateway.driver import Driver
 from gateway.metrics import GatewayMetrics
 from gateway.servicer import GatewayServicer
-from specdec.busy_poll import busy_poll_enabled
+from specdec.busy_poll import BusyPoll, busy_poll_enabled
 from specdec.serving import RunningServer, serve_until_signal, start_server
 from specdec.tls import ServerTls, server_tls_config
 from specdec.v1 import gateway_pb2, gateway_pb2_grpc
@@ -28,8 +28,8 @@ async def start_gateway_server(
 
     `metrics_port` / `http_port`: serve Prometheus metrics / the OpenAI API there (0: a free port,
     None: not at all); the bound ports are on the returned server. `tls`: serve gRPC over TLS.
-    `busy_poll`: a --busy-poll mode, whether the loop polls while one Generate stream is open
-    (specdec/busy_poll.py); auto reads the target's device from its ModelInfo.
+    `busy_poll`: a --busy-poll mode, whether the loop polls while one generation runs (gRPC or
+    HTTP; specdec/busy_poll.py); auto reads the target's device from its ModelInfo.
     """
     backends = Backends(config.target_address, config.draft_address, config.draft_step_timeout_s,
                         config.target_failover_timeout_s, config.backend_tls)
@@ -39,7 +39,9 @@ async def start_gateway_server(
         await backends.close()
         raise
     metrics = GatewayMetrics()
-    driver = Driver(config, backends, tokenizer, metrics)
+    # held per generation by the driver, so the OpenAI HTTP API's requests poll too
+    poll = BusyPoll() if busy_poll_enabled(busy_poll, model_on_cpu=backends.target_info.device != "cuda") else None
+    driver = Driver(config, backends, tokenizer, metrics, poll)
     servicer = GatewayServicer(driver)
     http = None
     if http_port is not None:  # bound before the gRPC server starts: a busy port fails the start cleanly
@@ -63,8 +65,8 @@ async def start_gateway_server(
         [SERVICE_NAME], host, port, ready_file, cleanup=cleanup,
         metrics_registry=metrics.registry, metrics_port=metrics_port, max_receive_bytes=config.max_request_bytes,
         credentials=tls.credentials() if tls else None,
-        busy_poll=busy_poll_enabled(busy_poll, model_on_cpu=backends.target_info.device != "cuda"),
     )
+    server.busy_poll = poll
     if http is not None:
         await http.start()
         server.http_port = http.port

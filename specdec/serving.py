@@ -161,8 +161,9 @@ def _wrap_stream(behavior: Callable) -> Callable:
 
 class BusyPollInterceptor(grpc.aio.ServerInterceptor):
     """Holds the server's busy poll (specdec/busy_poll.py) for as long as each streaming RPC of
-    `service_names` runs: the model services' Sequence streams, the gateway's Generate streams; not
-    a health Watch or a reflection stream, which may stay open on an idle server."""
+    `service_names` runs (the model services' Sequence streams); not a health Watch or a reflection
+    stream, which may stay open on an idle server. The gateway holds its own per generation
+    (gateway/driver.py), for its HTTP API as well."""
 
     def __init__(self, busy_poll: BusyPoll, service_names: Sequence[str]) -> None:
         self._busy_poll = busy_poll

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import time
 
+import openai
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from harness import channel, generate
@@ -26,7 +27,7 @@ def polling_trio(loop, model_dirs):
     target = loop.run(start_target_server(runner("target"), busy_poll=True))
     draft = loop.run(start_draft_server(DraftRegistry.of(ModelDrafter(runner("perturbed"))), busy_poll=True))
     gateway = loop.run(start_gateway_server(
-        GatewayConfig(f"127.0.0.1:{target.port}", f"127.0.0.1:{draft.port}"), busy_poll="on"))
+        GatewayConfig(f"127.0.0.1:{target.port}", f"127.0.0.1:{draft.port}"), http_port=0, busy_poll="on"))
     yield {"gateway": gateway, "target": target, "draft": draft}
     for server in (gateway, draft, target):
         loop.run(server.stop())
@@ -54,6 +55,21 @@ def test_every_service_polls_during_a_stream_and_stops_after_it(polling_trio):
             pass
     assert during == {"gateway": 1, "target": 1, "draft": 1}
     assert all(server.busy_poll.num_polls > polls[name] for name, server in polling_trio.items())
+    assert _wait_released(polling_trio) == {"gateway": 0, "target": 0, "draft": 0}
+
+
+def test_an_openai_http_stream_polls_as_a_grpc_one_does(polling_trio):
+    gateway = polling_trio["gateway"]
+    with openai.OpenAI(base_url=f"http://127.0.0.1:{gateway.http_port}/v1", api_key="unused", max_retries=0,
+                       timeout=60) as client:
+        model = client.models.list().data[0].id
+        stream = client.completions.create(model=model, prompt="The quick brown fox", max_tokens=24, stream=True,
+                                           extra_body={"ignore_eos": True})
+        next(iter(stream))
+        during = _holders(polling_trio)
+        for _ in stream:
+            pass
+    assert during == {"gateway": 1, "target": 1, "draft": 1}
     assert _wait_released(polling_trio) == {"gateway": 0, "target": 0, "draft": 0}
 
 
