@@ -16,8 +16,8 @@ The transport splits into its legs: the gateway's call to the engine call's star
 Medians over the steps (a request's first step, after its prefill, falls out of them).
 `--tiny`: tiny models on the CPU (a check of the script; no graphs there, so no device time).
 `--busy-poll`: the three services' flag (specdec/busy_poll.py; auto polls on the GPU host, not on a
-2-core one); step_trace_spin.json was measured before the flag, with every loop spinning from
-bench/trace_probe.py (SPECDEC_TRACE_SPIN), as `--busy-poll on` does now.
+2-core one); step_trace_spin.json was measured before the flag, with every loop spinning from a
+spinner the probe had then, as `--busy-poll on` does now at one stream.
 Usage: python bench/step_trace.py [--tiny] [--busy-poll auto|on|off] [--draft-quantize none|int8]
                                   [--keep-traces DIR] [--out PATH]
 """

@@ -5,6 +5,8 @@ import argparse
 import asyncio
 from pathlib import Path
 
+import torch
+
 from draft_service.registry import NGRAM, DraftRegistry, model_loader
 from draft_service.servicer import DraftServicer
 from engine.model_runner import RuntimeConfig
@@ -52,7 +54,7 @@ async def _start(args: argparse.Namespace, config: RuntimeConfig) -> RunningServ
 def busy_poll_of(args: argparse.Namespace, config: RuntimeConfig) -> bool:
     """--busy-poll for a draft service: auto polls only for drafts on a GPU (the n-gram drafter, too,
     when the service's device is one)."""
-    return busy_poll_enabled(args.busy_poll, model_on_cpu=not str(config.device).startswith("cuda"))
+    return busy_poll_enabled(args.busy_poll, torch.device(config.device).type)
 
 
 def run(args: argparse.Namespace, config: RuntimeConfig) -> None:

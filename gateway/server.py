@@ -40,7 +40,7 @@ async def start_gateway_server(
         raise
     metrics = GatewayMetrics()
     # held per generation by the driver, so the OpenAI HTTP API's requests poll too
-    poll = BusyPoll() if busy_poll_enabled(busy_poll, model_on_cpu=backends.target_info.device != "cuda") else None
+    poll = BusyPoll() if busy_poll_enabled(busy_poll, backends.target_info.device) else None
     driver = Driver(config, backends, tokenizer, metrics, poll)
     servicer = GatewayServicer(driver)
     http = None

@@ -32,14 +32,14 @@ MODES = ("auto", "on", "off")
 MIN_CPUS = 8
 
 
-def busy_poll_enabled(mode: str, model_on_cpu: bool = False, num_cpus: int | None = None) -> bool:
-    """Whether a service polls: `mode` on/off, or auto (see the module doc); `model_on_cpu`: a model
-    service whose model runs on the CPU."""
+def busy_poll_enabled(mode: str, model_device: str, num_cpus: int | None = None) -> bool:
+    """Whether a service polls: `mode` on/off, or auto (see the module doc); `model_device`: the torch
+    device type its model runs on (the gateway: the target's, ModelInfo.device)."""
     if mode not in MODES:
         raise ValueError(f"busy poll must be one of {', '.join(MODES)}, got {mode!r}")
     if mode != "auto":
         return mode == "on"
-    return not model_on_cpu and (num_cpus or os.cpu_count() or 1) >= MIN_CPUS
+    return model_device == "cuda" and (num_cpus or os.cpu_count() or 1) >= MIN_CPUS
 
 
 class BusyPoll:

@@ -199,7 +199,7 @@ class RunningServer:
     cleanup: Callable[[], Awaitable[None]] | None = None  # stops what the servicers use
     metrics: MetricsServer | None = None
     http_port: int | None = None  # the gateway's OpenAI-compatible HTTP port, when served
-    busy_poll: BusyPoll | None = None  # held while streams are open; None: the loop sleeps when idle
+    busy_poll: BusyPoll | None = None  # polls while one stream is open; None: the loop sleeps when idle
 
     @property
     def metrics_port(self) -> int | None:

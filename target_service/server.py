@@ -45,7 +45,7 @@ def run(args: argparse.Namespace, config: RuntimeConfig) -> None:
     engine_config = TargetEngineConfig(args.max_batch_size, args.max_num_batched_tokens)
     executor = torch_thread()
     runner = executor.submit(ModelRunner, config).result()  # load on the thread that will run it
-    busy_poll = busy_poll_enabled(args.busy_poll, model_on_cpu=runner.device.type == "cpu")
+    busy_poll = busy_poll_enabled(args.busy_poll, runner.device.type)
     asyncio.run(serve_until_signal(
         lambda: start_target_server(runner, args.host, args.port, engine_config, args.ready_file, executor,
                                     args.metrics_port, server_tls_config(args), busy_poll)

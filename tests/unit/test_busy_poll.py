@@ -8,20 +8,21 @@ import pytest
 from specdec.busy_poll import BusyPoll, busy_poll_enabled
 
 
-@pytest.mark.parametrize(("mode", "model_on_cpu", "num_cpus", "enabled"), [
-    ("on", True, 2, True),
-    ("off", False, 64, False),
-    ("auto", False, 16, True),  # the GPU host: a CUDA model, cores to spare
-    ("auto", True, 16, False),  # a CPU model's torch threads need every core
-    ("auto", False, 2, False),  # CI's two cores: none to spare
+@pytest.mark.parametrize(("mode", "model_device", "num_cpus", "enabled"), [
+    ("on", "cpu", 2, True),
+    ("off", "cuda", 64, False),
+    ("auto", "cuda", 16, True),  # the GPU host: a CUDA model, cores to spare
+    ("auto", "cpu", 16, False),  # a CPU model's torch threads need every core
+    ("auto", "", 16, False),  # a target older than ModelInfo.device: not known to be on a GPU
+    ("auto", "cuda", 2, False),  # CI's two cores: none to spare
 ])
-def test_the_mode_the_model_device_and_the_cores_decide(mode, model_on_cpu, num_cpus, enabled):
-    assert busy_poll_enabled(mode, model_on_cpu, num_cpus) is enabled
+def test_the_mode_the_model_device_and_the_cores_decide(mode, model_device, num_cpus, enabled):
+    assert busy_poll_enabled(mode, model_device, num_cpus) is enabled
 
 
 def test_an_unknown_mode_is_refused_with_the_choices():
     with pytest.raises(ValueError, match="auto, on, off"):
-        busy_poll_enabled("always")
+        busy_poll_enabled("always", "cuda")
 
 
 def test_the_loop_polls_while_exactly_one_holder_is_left():
