@@ -4,6 +4,8 @@ Per layer, seven kernels around attention instead of a dozen:
 
   x        = rms_norm(hidden)                           (engine/triton_norm.py)
   qkv      = skinny_linear(x)                           (engine/triton_linear.py)
+             (a draft's norms folded into the linears, CausalLM.fold_rms_norms: the two norms go
+             into the products' kernels, five kernels)
   q        = rope_and_write_kv(qkv)                     (engine/triton_rope.py: rotary + cache write)
   attn     = attention(q, cache)
   hidden  += skinny_linear(attn)                        (o_proj, residual fused)
@@ -54,15 +56,14 @@ class FusedStages(LayerStages):
                          k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> torch.Tensor:
         if not self._is_fused_step(hidden):
             return super().attention_inputs(layer, hidden, cos, sin, k_cache, v_cache, slot_mapping)
-        qkv = _product(rms_norm_triton(hidden, layer.input_norm, layer.eps), layer.qkv)
+        qkv = _normed_product(layer, hidden, layer.input_norm, layer.qkv)
         return rope_and_write_kv(qkv, cos, sin, k_cache, v_cache, slot_mapping, layer.shape)
 
     def attention_output(self, layer: DecoderLayer, hidden: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
         if not self._is_fused_step(hidden):
             return super().attention_output(layer, hidden, attn)
         hidden = _product(attn.flatten(1), layer.o_proj, residual=hidden)
-        x = rms_norm_triton(hidden, layer.post_attention_norm, layer.eps)
-        act = _product(x, layer.gate_up, silu_mul=True)
+        act = _normed_product(layer, hidden, layer.post_attention_norm, layer.gate_up, silu_mul=True)
         return _product(act, layer.down_proj, residual=hidden)
 
     def logits(self, model: CausalLM, hidden: torch.Tensor) -> torch.Tensor:
@@ -78,6 +79,15 @@ class FusedStages(LayerStages):
         if not hidden.is_cuda:
             return hidden.shape[0] <= CPU_MAX_ROWS
         return torch.cuda.is_current_stream_capturing() and (self.max_rows is None or hidden.shape[0] <= self.max_rows)
+
+
+def _normed_product(layer: DecoderLayer, hidden: torch.Tensor, norm: torch.Tensor, linear: nn.Module,
+                    **epilogue: object) -> torch.Tensor:
+    """`linear` of the RMS-normed `hidden`: normalized in the product's kernel where the layer's norms are
+    folded into its linears (DecoderLayer.fold_norms), else by a norm kernel first."""
+    if layer.norms_folded:
+        return _product(hidden, linear, rms_norm_eps=layer.eps, **epilogue)
+    return _product(rms_norm_triton(hidden, norm, layer.eps), linear, **epilogue)
 
 
 def _product(x: torch.Tensor, linear: nn.Module, **epilogue: object) -> torch.Tensor:

@@ -17,7 +17,14 @@ over the rows padded to 16), fusing into its epilogue:
 
 Nothing is fused on the way in: any op on the x tile between its load and the dot costs the
 pipeline its asynchronous copies, and measured 0.23-0.35 of the bandwidth (the RMS norm; so it
-stays a kernel of its own, engine/triton_norm.py, 2 us).
+stays a kernel of its own, engine/triton_norm.py, 2 us). Except around the dot:
+
+  rms_norm   for a weight that holds its RMS norm's weight in its columns (CausalLM.fold_rms_norms,
+             for drafts): a prologue sums the squares of each x row (a few KB, from L2) and the
+             epilogue multiplies the row's product by its 1 / rms, so the norm costs no kernel
+  prefetch   with PDL (engine/pdl.py) the program starts while the previous kernel runs; before it
+             waits for it, it sends the first PREFETCH_ROW_BYTES of each of its W rows to L2 (the
+             weights do not depend on that kernel), so the stream of W has begun when its loop does
 
 A row's result does not depend on the other rows or their number (the launch configuration is a
 function of N and K only, and every row tile is computed alike): a verify and a decode, or any
@@ -38,6 +45,8 @@ from engine.linear import dequantize_int8
 from engine.llama import silu_mul_interleaved
 
 BLOCK_M = 16  # rows per program: the smallest tensor-core tile
+CACHE_LINE = 128  # bytes
+PREFETCH_ROW_BYTES = 4096  # of each W row, before the PDL wait; 0: none
 
 
 @dataclass(frozen=True)
@@ -80,7 +89,8 @@ def _int8_launch_config(n: int, k: int) -> LaunchConfig:
 @triton.jit
 def _skinny_linear_kernel(
     x_ptr, w_ptr, out_ptr, bias_ptr, res_ptr, scale_ptr,
-    M, N, K, stride_xm, stride_wn, stride_om, stride_rm,
+    M, N, K, stride_xm, stride_wn, stride_om, stride_rm, norm_eps,
+    RMS_NORM: tl.constexpr,
     SILU_MUL: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr,
@@ -91,11 +101,10 @@ def _skinny_linear_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    PREFETCH_LINES: tl.constexpr,  # of each W row, before the PDL wait
+    LINE: tl.constexpr,  # W elements a cache line
     USE_PDL: tl.constexpr,
 ):
-    if USE_PDL:  # engine/pdl.py: wait for the previous kernel before any load or store
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
@@ -104,6 +113,21 @@ def _skinny_linear_kernel(
     dtype = x_ptr.dtype.element_ty
     x_rows = x_ptr + rows[:, None].to(tl.int64) * stride_xm
     w_cols = w_ptr + cols[:, None].to(tl.int64) * stride_wn
+    if USE_PDL:  # engine/pdl.py: wait for the previous kernel before any load or store
+        if PREFETCH_LINES > 0:  # but W is no output of it: its first lines go to L2 meanwhile
+            lines = tl.minimum(tl.arange(0, PREFETCH_LINES) * LINE, K - 1)
+            strip = w_ptr + tl.minimum(cols, N - 1)[:, None].to(tl.int64) * stride_wn + lines[None, :]
+            tl.inline_asm_elementwise("mov.u32 $0, 0;\n\tprefetch.global.L2 [$1];", "=r,l", [strip],
+                                      dtype=tl.int32, is_pure=False, pack=1)
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    if RMS_NORM:  # each row's 1 / rms, from its float32 sum of squares (as engine.llama.rms_norm)
+        squares = tl.zeros([BLOCK_M], dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            k = k0 + offs_k
+            a = tl.load(x_rows + k[None, :], mask=row_ok[:, None] & (k < K)[None, :], other=0.0).to(tl.float32)
+            squares += tl.sum(a * a, axis=1)
+        rstd = tl.rsqrt(squares / K + norm_eps)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         k = k0 + offs_k
@@ -116,6 +140,8 @@ def _skinny_linear_kernel(
             w = w.to(dtype)
         a = tl.load(x_rows + k[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
         acc += tl.dot(a, tl.trans(w), input_precision=DOT_PRECISION)
+    if RMS_NORM:
+        acc *= rstd[:, None]
     if HAS_SCALE:
         acc *= tl.load(scale_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
     if HAS_BIAS:
@@ -141,6 +167,7 @@ def skinny_linear(
     bias: torch.Tensor | None = None,  # [N]
     *,
     scale: torch.Tensor | None = None,  # [N]: weight is int8, its row n standing for weight[n] * scale[n]
+    rms_norm_eps: float | None = None,  # x's rows normalized by their rms (weight holds the norm's weight)
     silu_mul: bool = False,
     residual: torch.Tensor | None = None,  # [M, N] ([M, N / 2] with silu_mul), added last
     out_dtype: torch.dtype | None = None,
@@ -172,22 +199,29 @@ def skinny_linear(
     assert config.block_n % 2 == 0
     # row tiles vary fastest: the programs that share a strip of W run together and read it from L2
     grid = (triton.cdiv(m, BLOCK_M), triton.cdiv(n, config.block_n))
+    launch = pdl.launch_options(x.device)
     _skinny_linear_kernel[grid](
         x, weight, out,
         bias if bias is not None else x,
         residual if residual is not None else x,
         scale if scale is not None else x,
         m, n, k, x.stride(0), weight.stride(0), out.stride(0),
-        residual.stride(0) if residual is not None else 0,
-        SILU_MUL=silu_mul, HAS_BIAS=bias is not None,
+        residual.stride(0) if residual is not None else 0, rms_norm_eps or 0.0,
+        RMS_NORM=rms_norm_eps is not None, SILU_MUL=silu_mul, HAS_BIAS=bias is not None,
         HAS_RESIDUAL=residual is not None, HAS_SCALE=scale is not None,
         EVEN_K=k % config.block_k == 0, EVEN_N=n % config.block_n == 0,
         BLOCK_M=BLOCK_M, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         # float32 models stay exact float32 (no TF32)
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
-        num_warps=config.num_warps, num_stages=config.num_stages, **pdl.launch_options(x.device),
+        PREFETCH_LINES=_prefetch_lines(k * weight.element_size()) if launch["USE_PDL"] else 0,
+        LINE=CACHE_LINE // weight.element_size(),
+        num_warps=config.num_warps, num_stages=config.num_stages, **launch,
     )
     return out
+
+
+def _prefetch_lines(row_bytes: int) -> int:
+    return triton.next_power_of_2(triton.cdiv(min(PREFETCH_ROW_BYTES, row_bytes), CACHE_LINE)) if PREFETCH_ROW_BYTES else 0
 
 
 def skinny_linear_reference(
@@ -196,6 +230,7 @@ def skinny_linear_reference(
     bias: torch.Tensor | None = None,
     *,
     scale: torch.Tensor | None = None,
+    rms_norm_eps: float | None = None,
     silu_mul: bool = False,
     residual: torch.Tensor | None = None,
     out_dtype: torch.dtype | None = None,
@@ -203,7 +238,12 @@ def skinny_linear_reference(
     """`skinny_linear` in PyTorch ops."""
     if scale is not None:
         weight = dequantize_int8(weight, scale, x.dtype)
-    out = F.linear(x, weight, bias)
+    if rms_norm_eps is None:
+        out = F.linear(x, weight, bias)
+    else:
+        rstd = torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + rms_norm_eps)
+        out = (F.linear(x.float(), weight.float()) * rstd).to(x.dtype)
+        out = out if bias is None else out + bias
     if silu_mul:
         out = silu_mul_interleaved(out)
     if residual is not None:

@@ -7,7 +7,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from engine.linear import Int8Linear
+from engine import pdl
+from engine.linear import Int8Linear, dequantize_int8
+from engine.llama import rms_norm
 from engine.triton_linear import LaunchConfig, skinny_linear, skinny_linear_reference
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -57,6 +59,27 @@ def test_int8_weights_give_the_product_of_their_dequantized_rows(rows, n, k, fus
     torch.testing.assert_close(skinny_linear(**args, config=SMALL), expected, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize(("rows", "n", "k"), SHAPES)
+@pytest.mark.parametrize(("fusion", "bias", "residual", "int8"), [
+    ("none", False, False, False), ("none", True, True, False), ("silu_mul", False, True, False),
+    ("silu_mul", True, False, True),
+])
+def test_rms_norm_in_the_product_equals_the_norm_then_the_product(rows, n, k, fusion, bias, residual, int8):
+    """A weight holding its norm's weight in its columns (CausalLM.fold_rms_norms), normalizing in the
+    kernel: the product of the normed rows with the plain weight."""
+    args = _inputs(rows, n, k, fusion, bias, residual, torch.float32)
+    norm = torch.rand(k, device=DEVICE) + 0.5
+    x = args["x"] * 3  # rows whose rms is not one
+    folded = {**args, "x": x, "weight": args["weight"] * norm}
+    if int8:
+        folded = _int8(folded)
+        args = {**args, "weight": dequantize_int8(folded["weight"], folded["scale"], torch.float32) / norm}
+    expected = skinny_linear_reference(**{**args, "x": rms_norm(x, norm, 1e-5)})
+    got = skinny_linear(**folded, rms_norm_eps=1e-5, config=SMALL)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(skinny_linear_reference(**folded, rms_norm_eps=1e-5), expected, atol=1e-5, rtol=1e-5)
+
+
 def test_int8_weights_without_their_scales_are_refused_before_launch():
     args = _int8(_inputs(2, 32, 64, "none", False, False, torch.float32))
     with pytest.raises(AssertionError, match="must share a dtype"):
@@ -72,10 +95,12 @@ def test_float32_output_of_bfloat16_product_keeps_the_accumulator():
     torch.testing.assert_close(out, skinny_linear_reference(**args).float(), atol=2e-2, rtol=2e-2)
 
 
-@pytest.mark.parametrize("fusion", ["none", "silu_mul"])
+@pytest.mark.parametrize("fusion", ["none", "silu_mul", "rms_norm"])
 def test_each_row_is_computed_as_if_alone(fusion):
     """Batch invariance: a decode (1 row) and a verify (5 rows) give the shared row the same bits."""
-    args = _inputs(5, 32, 64, fusion, False, True, torch.float32)
+    args = _inputs(5, 32, 64, "none" if fusion == "rms_norm" else fusion, False, True, torch.float32)
+    if fusion == "rms_norm":
+        args["rms_norm_eps"] = 1e-5
     together = skinny_linear(**args, config=SMALL)
     alone = skinny_linear(**{**args, "x": args["x"][2:3], "residual": args["residual"][2:3]}, config=SMALL)
     assert torch.equal(together[2:3], alone)
@@ -107,6 +132,23 @@ def test_each_row_is_computed_as_if_alone_bf16(fusion):
     for row in range(5):
         alone = skinny_linear(**{**args, "x": args["x"][row:row + 1], "residual": args["residual"][row:row + 1]})
         assert torch.equal(together[row:row + 1], alone)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("rows", "n", "k"), [(1, 3072, 2048), (5, 16384, 2048), (3, 1000, 2048)])
+@pytest.mark.parametrize("fusion", ["none", "silu_mul"])
+@pytest.mark.parametrize("use_pdl", [False, True])
+def test_normalizing_and_prefetching_kernel_matches_reference_bf16(rows, n, k, fusion, use_pdl, monkeypatch):
+    """The RMS norm in the product, with and without PDL and its prefetch of W (engine/pdl.py): bf16
+    at a draft's shapes, and the same bits either way."""
+    args = {**_inputs(rows, n, k, fusion, False, True, torch.bfloat16), "rms_norm_eps": 1e-5}
+    expected = skinny_linear_reference(**args)
+    monkeypatch.setattr(pdl, "ENABLED", False)
+    without = skinny_linear(**args)
+    monkeypatch.setattr(pdl, "ENABLED", use_pdl)
+    got = skinny_linear(**args)
+    torch.testing.assert_close(got.float(), expected.float(), atol=6e-2, rtol=2e-2)
+    assert torch.equal(got, without)
 
 
 @pytest.mark.gpu

@@ -1,0 +1,178 @@
+"""H200 A/B of the draft forward's levers, one process: a random-weight Llama-3.2-1B shape, bf16
+activations, prompt 512, the draft service's layer kernels (auto).
+
+Each variant builds the runner afresh (its graphs captured with the setting) and gives the device
+time of a batch-1 decode replay (q = 1) and the wall time of a k = 4 greedy proposal through the
+draft's captured loop at batch 1 and 8 (host sync included). The levers:
+  * int8    weight-only int8 for the wide products (--quantize int8; `int8all`: every product)
+  * 32k     an LM head of 32 768 vocabulary rows (engine/subset_head.py, as distilled drafts keep)
+  * pdl     programmatic dependent launch (engine/pdl.py)
+  * pf=N    with PDL, the first N bytes of each W row prefetched to L2 before the wait
+            (engine/triton_linear.PREFETCH_ROW_BYTES; plain `pf` is its default)
+  * fold    the RMS norms folded into the next linears (RuntimeConfig.fold_norms)
+For the first and the last variant, a kernel census of one decode replay (torch.profiler): kernels,
+the sum of their durations against the replay's time (the rest is gaps between kernels), and the
+costliest. Also whether the folded and PDL variants' decode logits pick the same top token as the
+plain ones and how close they are. Writes bench/results/gpu_draft_forward.json.
+Usage: python bench/gpu_draft_forward.py [--variants NAME ...] [--out PATH]
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "bench"), str(ROOT / "tests")]
+
+from engine import model_runner  # noqa: E402
+from engine import pdl, triton_linear  # noqa: E402
+from engine.batch import StepInput  # noqa: E402
+from engine.cuda_graphs import GraphConfig  # noqa: E402
+from engine.draft_loop import DraftLoop, LoopConfig  # noqa: E402
+from engine.model_runner import ModelRunner, RuntimeConfig  # noqa: E402
+from engine.model_source import LoadedModel  # noqa: E402
+from engine.subset_head import SubsetLMHead  # noqa: E402
+from gpu_e2e import LLAMA_1B  # noqa: E402
+from gpu_target import wall_ms  # noqa: E402
+from report import save_report  # noqa: E402
+from timing import cuda_ms  # noqa: E402
+from tiny_models import build_tokenizer  # noqa: E402
+
+PROMPT = 512
+HEAD_ROWS = 32768
+NUM_LOGIT_POSITIONS = 32
+VARIANTS = ["bf16", "bf16_fold", "bf16_pdl", "bf16_pdl_pf", "bf16_pdl_pf_fold", "int8_32k", "int8_32k_pdl_pf_fold",
+            "int8all_32k_pdl_pf_fold", "int8_32k_pdl_pf=0_fold", "int8_32k_pdl_pf=2048_fold",
+            "int8_32k_pdl_pf=16384_fold", "bf16_2", "int8_32k_pdl_pf_fold_2"]
+MIN_INT8_OUT, PREFETCH_ROW_BYTES = model_runner.CUDA_MIN_INT8_OUT_FEATURES, triton_linear.PREFETCH_ROW_BYTES
+
+
+def settings(name: str) -> dict:
+    parts = name.removesuffix("_2").split("_")
+    prefetch = next((p for p in parts if p.startswith("pf")), None)
+    return {
+        "quantize": "int8" if parts[0].startswith("int8") else "none",
+        "min_int8_out": 0 if parts[0] == "int8all" else MIN_INT8_OUT,
+        "head_rows": HEAD_ROWS if "32k" in parts else None,
+        "pdl": "pdl" in parts,
+        "prefetch": 0 if prefetch is None else int(prefetch[3:]) if "=" in prefetch else PREFETCH_ROW_BYTES,
+        "fold": "fold" in parts,
+    }
+
+
+def build(hf, setting: dict) -> ModelRunner:
+    pdl.ENABLED = setting["pdl"]
+    triton_linear.PREFETCH_ROW_BYTES = setting["prefetch"]
+    model_runner.CUDA_MIN_INT8_OUT_FEATURES = setting["min_int8_out"]
+    full_head = hf.lm_head
+    if setting["head_rows"]:  # a fresh one: quantizing replaces the head's own rows
+        hf.lm_head = SubsetLMHead(full_head.weight, torch.arange(setting["head_rows"]))
+    try:
+        return ModelRunner(
+            RuntimeConfig(model="random-1b", device="cuda", dtype="bfloat16", max_model_len=2048,
+                          kv_cache_tokens=16 * 2048, quantize=setting["quantize"], fold_norms=setting["fold"]),
+            loaded=LoadedModel("random-1b", hf, build_tokenizer()),
+        )
+    finally:
+        hf.lm_head = full_head
+
+
+def kernel_census(replay) -> dict[str, float]:
+    """Kernels of one replay: count, summed device time against the replay's, the costliest names."""
+    replay()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        replay()
+        torch.cuda.synchronize()
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    if not kernels:
+        return {"kernels": 0}
+    by_name: dict[str, float] = defaultdict(float)
+    for e in kernels:
+        by_name[e.name[:60]] += e.device_time_total / 1e3
+    start = min(e.time_range.start for e in kernels)
+    end = max(e.time_range.end for e in kernels)
+    census = {"kernels": len(kernels), "kernel_ms": sum(by_name.values()), "span_ms": (end - start) / 1e3}
+    for name, ms in sorted(by_name.items(), key=lambda kv: -kv[1])[:8]:
+        census[f"top:{name}"] = ms
+    return census
+
+
+def measure(hf, setting: dict, census: bool) -> tuple[dict[str, float], torch.Tensor, dict]:
+    runner = build(hf, setting)
+    gen = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(3, 30000, (PROMPT,), generator=gen).tolist() for _ in range(8)]
+    seqs = [runner.kv.new_sequence() for _ in prompts]
+    for kv, prompt in zip(seqs, prompts):
+        runner.forward([StepInput(kv, prompt, 1)])
+    kv = seqs[0]
+    runner.forward([StepInput(kv, [100], 1)])  # fills the bucket's buffers
+    kv.truncate(PROMPT)
+    replay = runner.graphs._graphs[(1, 1)].graph.replay
+    metrics = {"replay_ms_q1": cuda_ms(replay, 200)}
+    kernels = kernel_census(replay) if census else {}
+    continuation = torch.randint(3, 30000, (NUM_LOGIT_POSITIONS,), generator=gen).tolist()
+    logits = torch.cat([runner.forward([StepInput(kv, [t], 1)])[0].float() for t in continuation])
+    kv.truncate(PROMPT)
+    loop = DraftLoop(runner, LoopConfig(batch_buckets=(1, 8), max_steps=4, first_query_buckets=(1,)))
+    for batch in (1, 8):
+        def propose(batch: int = batch) -> None:
+            loop.propose([StepInput(s, [7], 1) for s in seqs[:batch]], [4] * batch)
+            for s in seqs[:batch]:
+                s.truncate(PROMPT)
+
+        propose()
+        metrics[f"propose_ms_k4_bs{batch}"] = wall_ms(propose, 200)
+    for s in seqs:
+        s.release()
+    return metrics, logits, kernels
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--variants", nargs="+", default=VARIANTS)
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "gpu_draft_forward.json")
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    # the decode and proposal buckets only: capture in seconds, not minutes
+    model_runner.GraphConfig = lambda: GraphConfig(batch_buckets=(1, 8), query_buckets=(1, 2, 5))
+    with torch.device("cuda"):
+        hf = AutoModelForCausalLM.from_config(LlamaConfig(**LLAMA_1B), dtype=torch.bfloat16).eval()
+    metrics: dict[str, float] = {}
+    logits: dict[str, torch.Tensor] = {}
+    censuses: dict[str, dict] = {}
+    for i, name in enumerate(args.variants):
+        setting = settings(name)
+        result, logits[name], census = measure(hf, setting, census=i in (0, len(args.variants) - 1))
+        gc.collect()
+        torch.cuda.empty_cache()
+        for key, value in result.items():
+            metrics[f"{name}:{key}"] = value
+        if census:
+            censuses[name] = census
+        print(name, setting, result, census, flush=True)
+        # saved after every variant: a call cut short keeps what it measured
+        save_report("gpu_draft_forward", {**metrics, **_closeness(logits)}, args.out, kernel_census=censuses)
+
+
+def _closeness(logits: dict[str, torch.Tensor]) -> dict[str, float]:
+    """Each variant's decode logits against the plain variant of its weights (same head, same int8)."""
+    out = {}
+    for name, value in logits.items():
+        base = "int8_32k" if name.startswith("int8_32k") else "bf16"
+        if name == base or base not in logits or name.startswith("int8all"):
+            continue
+        a, b = logits[base], value
+        out[f"{name}:top1_agreement_vs_{base}"] = (a.argmax(-1) == b.argmax(-1)).float().mean().item()
+        out[f"{name}:same_bits_as_{base}"] = float(torch.equal(a, b))
+    return out
+
+
+if __name__ == "__main__":
+    main()
