@@ -7,13 +7,13 @@ draft's captured loop at batch 1 and 8 (host sync included). The levers:
   * int8    weight-only int8 for the wide products (--quantize int8; `int8all`: every product)
   * 32k     an LM head of 32 768 vocabulary rows (engine/subset_head.py, as distilled drafts keep)
   * pdl     programmatic dependent launch (engine/pdl.py)
-  * pf=N    with PDL, the first N bytes of each W row prefetched to L2 before the wait
-            (engine/triton_linear.PREFETCH_ROW_BYTES; plain `pf` is its default)
-  * fold    the RMS norms folded into the next linears (RuntimeConfig.fold_norms)
+  * splitN  narrow products of a long K split in N K ranges (engine/triton_linear.SPLIT_K; `split1`
+            or none: not split); `mink2048`: every narrow product (SPLIT_K_MIN_K), not only the
+            down projections
 For the first and the last variant, a kernel census of one decode replay (torch.profiler): kernels,
 the sum of their durations against the replay's time (the rest is gaps between kernels), and the
-costliest. Also whether the folded and PDL variants' decode logits pick the same top token as the
-plain ones and how close they are. Writes bench/results/gpu_draft_forward.json.
+costliest. Also whether each variant's decode logits pick the same top token as
+the plain variant of its weights and whether they are the same bits. Writes bench/results/gpu_draft_forward.json.
 Usage: python bench/gpu_draft_forward.py [--variants NAME ...] [--out PATH]
 """
 from __future__ import annotations
@@ -47,28 +47,28 @@ from tiny_models import build_tokenizer  # noqa: E402
 PROMPT = 512
 HEAD_ROWS = 32768
 NUM_LOGIT_POSITIONS = 32
-VARIANTS = ["bf16", "bf16_fold", "bf16_pdl", "bf16_pdl_pf", "bf16_pdl_pf_fold", "int8_32k", "int8_32k_pdl_pf_fold",
-            "int8all_32k_pdl_pf_fold", "int8_32k_pdl_pf=0_fold", "int8_32k_pdl_pf=2048_fold",
-            "int8_32k_pdl_pf=16384_fold", "bf16_2", "int8_32k_pdl_pf_fold_2"]
-MIN_INT8_OUT, PREFETCH_ROW_BYTES = model_runner.CUDA_MIN_INT8_OUT_FEATURES, triton_linear.PREFETCH_ROW_BYTES
+VARIANTS = ["bf16", "bf16_split4", "bf16_pdl_split4", "int8_32k", "int8_32k_split4", "int8_32k_pdl_split4",
+            "int8all_32k_pdl_split4", "int8all_32k_pdl_split2", "int8all_32k_pdl_split8",
+            "int8all_32k_pdl_split4_mink2048", "bf16_2", "int8all_32k_pdl_split4_2"]
+MIN_INT8_OUT = model_runner.CUDA_MIN_INT8_OUT_FEATURES
 
 
 def settings(name: str) -> dict:
     parts = name.removesuffix("_2").split("_")
-    prefetch = next((p for p in parts if p.startswith("pf")), None)
+    split = next((int(p.removeprefix("split")) for p in parts if p.startswith("split")), 1)
     return {
         "quantize": "int8" if parts[0].startswith("int8") else "none",
         "min_int8_out": 0 if parts[0] == "int8all" else MIN_INT8_OUT,
         "head_rows": HEAD_ROWS if "32k" in parts else None,
         "pdl": "pdl" in parts,
-        "prefetch": 0 if prefetch is None else int(prefetch[3:]) if "=" in prefetch else PREFETCH_ROW_BYTES,
-        "fold": "fold" in parts,
+        "split_k": split,
+        "split_k_min_k": 2048 if "mink2048" in parts else 8192,
     }
 
 
 def build(hf, setting: dict) -> ModelRunner:
     pdl.ENABLED = setting["pdl"]
-    triton_linear.PREFETCH_ROW_BYTES = setting["prefetch"]
+    triton_linear.SPLIT_K, triton_linear.SPLIT_K_MIN_K = setting["split_k"], setting["split_k_min_k"]
     model_runner.CUDA_MIN_INT8_OUT_FEATURES = setting["min_int8_out"]
     full_head = hf.lm_head
     if setting["head_rows"]:  # a fresh one: quantizing replaces the head's own rows
@@ -76,7 +76,7 @@ def build(hf, setting: dict) -> ModelRunner:
     try:
         return ModelRunner(
             RuntimeConfig(model="random-1b", device="cuda", dtype="bfloat16", max_model_len=2048,
-                          kv_cache_tokens=16 * 2048, quantize=setting["quantize"], fold_norms=setting["fold"]),
+                          kv_cache_tokens=16 * 2048, quantize=setting["quantize"]),
             loaded=LoadedModel("random-1b", hf, build_tokenizer()),
         )
     finally:
@@ -141,6 +141,8 @@ def main() -> None:
     args = parser.parse_args()
     torch.manual_seed(0)
     # the decode and proposal buckets only: capture in seconds, not minutes
+    torch._dynamo.config.recompile_limit = 1024  # each runner's compiled stages guard on its own weights
+    torch._dynamo.config.accumulated_recompile_limit = 4096
     model_runner.GraphConfig = lambda: GraphConfig(batch_buckets=(1, 8), query_buckets=(1, 2, 5))
     with torch.device("cuda"):
         hf = AutoModelForCausalLM.from_config(LlamaConfig(**LLAMA_1B), dtype=torch.bfloat16).eval()
@@ -165,8 +167,9 @@ def _closeness(logits: dict[str, torch.Tensor]) -> dict[str, float]:
     """Each variant's decode logits against the plain variant of its weights (same head, same int8)."""
     out = {}
     for name, value in logits.items():
-        base = "int8_32k" if name.startswith("int8_32k") else "bf16"
-        if name == base or base not in logits or name.startswith("int8all"):
+        base = next((b for b in ("int8all_32k_pdl_split4", "int8_32k", "bf16") if name.startswith(b.split("_")[0] + "_")
+                     or name == b), "bf16")
+        if name == base or base not in logits:
             continue
         a, b = logits[base], value
         out[f"{name}:top1_agreement_vs_{base}"] = (a.argmax(-1) == b.argmax(-1)).float().mean().item()

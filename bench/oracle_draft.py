@@ -133,7 +133,7 @@ def main() -> None:
                         help="the draft's weights (engine/linear.py)")
     args = parser.parse_args()
     setup_logging(args.log_level, args.log_format)
-    config = replace(runtime_config(args), quantize=args.quantize, fold_norms=True)
+    config = replace(runtime_config(args), quantize=args.quantize)
     continuations = Continuations(args.continuations)
 
     async def start() -> RunningServer:

@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     setup_logging(args.log_level, args.log_format)
     quantize = args.quantize or ("int8" if args.device == "cpu" else "none")
-    run(args, replace(runtime_config(args), quantize=quantize, fold_norms=True))
+    run(args, replace(runtime_config(args), quantize=quantize))
 
 
 if __name__ == "__main__":

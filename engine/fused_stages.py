@@ -4,8 +4,6 @@ Per layer, seven kernels around attention instead of a dozen:
 
   x        = rms_norm(hidden)                           (engine/triton_norm.py)
   qkv      = skinny_linear(x)                           (engine/triton_linear.py)
-             (a draft's norms folded into the linears, CausalLM.fold_rms_norms: the two norms go
-             into the products' kernels, five kernels)
   q        = rope_and_write_kv(qkv)                     (engine/triton_rope.py: rotary + cache write)
   attn     = attention(q, cache)
   hidden  += skinny_linear(attn)                        (o_proj, residual fused)
@@ -37,7 +35,7 @@ from torch import nn
 from engine.linear import Int8Linear
 from engine.llama import CausalLM, DecoderLayer, LayerStages
 from engine.subset_head import SubsetLMHead
-from engine.triton_linear import skinny_linear
+from engine.triton_linear import skinny_linear, split_counters
 from engine.triton_norm import rms_norm_triton
 from engine.triton_rope import rope_and_write_kv
 
@@ -48,23 +46,27 @@ AUTO_MAX_ROWS = 16  # one row tile of the skinny linear (engine/triton_linear.py
 class FusedStages(LayerStages):
     """`fallback`'s stages (the inherited methods) for the steps the kernels do not take."""
 
-    def __init__(self, fallback: LayerStages, max_rows: int | None) -> None:
+    def __init__(self, fallback: LayerStages, max_rows: int | None, device: torch.device) -> None:
         super().__init__(fallback.pre_attention, fallback.post_attention)
         self.max_rows = max_rows  # None: every graph step
+        # the split products' counters (engine/triton_linear.py), made before any graph capture;
+        # the model's kernels run one at a time, on its stream
+        self.counters = split_counters(device) if device.type == "cuda" else None
 
     def attention_inputs(self, layer: DecoderLayer, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                          k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> torch.Tensor:
         if not self._is_fused_step(hidden):
             return super().attention_inputs(layer, hidden, cos, sin, k_cache, v_cache, slot_mapping)
-        qkv = _normed_product(layer, hidden, layer.input_norm, layer.qkv)
+        qkv = self._product(rms_norm_triton(hidden, layer.input_norm, layer.eps), layer.qkv)
         return rope_and_write_kv(qkv, cos, sin, k_cache, v_cache, slot_mapping, layer.shape)
 
     def attention_output(self, layer: DecoderLayer, hidden: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
         if not self._is_fused_step(hidden):
             return super().attention_output(layer, hidden, attn)
-        hidden = _product(attn.flatten(1), layer.o_proj, residual=hidden)
-        act = _normed_product(layer, hidden, layer.post_attention_norm, layer.gate_up, silu_mul=True)
-        return _product(act, layer.down_proj, residual=hidden)
+        hidden = self._product(attn.flatten(1), layer.o_proj, residual=hidden)
+        x = rms_norm_triton(hidden, layer.post_attention_norm, layer.eps)
+        act = self._product(x, layer.gate_up, silu_mul=True)
+        return self._product(act, layer.down_proj, residual=hidden)
 
     def logits(self, model: CausalLM, hidden: torch.Tensor) -> torch.Tensor:
         if not self._is_fused_step(hidden):
@@ -72,27 +74,18 @@ class FusedStages(LayerStages):
         x = rms_norm_triton(hidden, model.norm, model.eps)
         head = model.lm_head
         if isinstance(head, SubsetLMHead):  # a draft's reduced head: its rows' product, -inf elsewhere
-            return head.to_vocab(_product(x, head.rows).float())
-        return _product(x, head).float()
+            return head.to_vocab(self._product(x, head.rows).float())
+        return self._product(x, head).float()
 
     def _is_fused_step(self, hidden: torch.Tensor) -> bool:
         if not hidden.is_cuda:
             return hidden.shape[0] <= CPU_MAX_ROWS
         return torch.cuda.is_current_stream_capturing() and (self.max_rows is None or hidden.shape[0] <= self.max_rows)
 
-
-def _normed_product(layer: DecoderLayer, hidden: torch.Tensor, norm: torch.Tensor, linear: nn.Module,
-                    **epilogue: object) -> torch.Tensor:
-    """`linear` of the RMS-normed `hidden`: normalized in the product's kernel where the layer's norms are
-    folded into its linears (DecoderLayer.fold_norms), else by a norm kernel first."""
-    if layer.norms_folded:
-        return _product(hidden, linear, rms_norm_eps=layer.eps, **epilogue)
-    return _product(rms_norm_triton(hidden, norm, layer.eps), linear, **epilogue)
-
-
-def _product(x: torch.Tensor, linear: nn.Module, **epilogue: object) -> torch.Tensor:
-    """`linear`'s product through the skinny kernel: an nn.Linear's weight, or an Int8Linear's int8 rows
-    and their scales (a draft's --quantize int8)."""
-    if isinstance(linear, Int8Linear):
-        return skinny_linear(x, linear.qweight, linear.bias, scale=linear.scale, **epilogue)
-    return skinny_linear(x, linear.weight, linear.bias, **epilogue)
+    def _product(self, x: torch.Tensor, linear: nn.Module, **epilogue: object) -> torch.Tensor:
+        """`linear`'s product through the skinny kernel: an nn.Linear's weight, or an Int8Linear's int8
+        rows and their scales (a draft's --quantize int8)."""
+        if isinstance(linear, Int8Linear):
+            return skinny_linear(x, linear.qweight, linear.bias, scale=linear.scale, counters=self.counters,
+                                 **epilogue)
+        return skinny_linear(x, linear.weight, linear.bias, counters=self.counters, **epilogue)

@@ -126,18 +126,6 @@ class DecoderLayer(nn.Module):
         self.down_proj = mlp.down_proj
         self.input_norm = hf_layer.input_layernorm.weight
         self.post_attention_norm = hf_layer.post_attention_layernorm.weight
-        self.norms_folded = False  # fold_norms
-
-    @torch.no_grad()
-    def fold_norms(self) -> None:
-        """Multiplies each RMS norm's weight into the columns of the linear after it (qkv, gate/up) and
-        leaves the norm a weight of ones: the same layer up to rounding, whose fused steps normalize in
-        those linears' kernels (engine/triton_linear.py's rms_norm) instead of a kernel each."""
-        for name, linear in (("input_norm", self.qkv), ("post_attention_norm", self.gate_up)):
-            norm = getattr(self, name)
-            linear.weight.data = (linear.weight.float() * norm.float()).to(linear.weight.dtype)
-            setattr(self, name, nn.Parameter(torch.ones_like(norm), requires_grad=False))
-        self.norms_folded = True
 
     def forward(
         self,
@@ -179,13 +167,6 @@ class CausalLM(nn.Module):
         self.register_buffer("sin", sin, persistent=False)
         self.stages = LayerStages()
 
-    def fold_rms_norms(self) -> None:
-        """Every layer's norms into its linears (DecoderLayer.fold_norms), for drafts on the fused kernels:
-        two kernels a layer fewer; the rounding changes, so a draft's proposals may, never the output
-        (the target verifies every token). Before quantizing: the int8 rows are the folded weight's."""
-        for layer in self.layers:
-            layer.fold_norms()
-
     def compile_stages(self) -> None:
         """Fuses each layer's norms, rotary, residuals and activation with torch.compile (GPU)."""
         self.stages = self.stages.compiled()
@@ -195,7 +176,7 @@ class CausalLM(nn.Module):
         engine.fused_stages' Triton kernels; call after compile_stages (other steps keep those)."""
         from engine.fused_stages import FusedStages  # needs triton, only here
 
-        self.stages = FusedStages(self.stages, max_rows)
+        self.stages = FusedStages(self.stages, max_rows, self.embed_tokens.weight.device)
 
     @torch.inference_mode()
     def forward(

@@ -46,9 +46,6 @@ class RuntimeConfig:
     use_cuda_graphs: bool = True  # decode/verify steps replay captured graphs (CUDA only)
     use_compile: bool = True  # torch.compile each layer's element-wise stages (CUDA only)
     quantize: str = "none"  # "int8": weight-only int8 linears, for drafts (engine/linear.Int8Linear)
-    # for drafts: where the fused kernels run, each RMS norm folded into the linear after it, which
-    # normalizes in its kernel (CausalLM.fold_rms_norms); the rounding changes, so never for a target
-    fold_norms: bool = False
     cache_dir: Path = field(default_factory=default_cache_dir)
 
     def __post_init__(self) -> None:
@@ -99,9 +96,6 @@ class ModelRunner:
         hf_config = loaded.hf_model.config
         self.max_model_len = _max_model_len(hf_config, config.max_model_len)
         self.model = CausalLM(loaded.hf_model, self.max_model_len + POSITION_HEADROOM)
-        fused_kernels = config.layer_kernels == "fused" or (config.layer_kernels == "auto" and device.type == "cuda")
-        if config.fold_norms and fused_kernels:
-            self.model.fold_rms_norms()
         if config.quantize == "int8":  # engine/linear.Int8Linear: on CUDA the wide products only
             quantize_int8(self.model, CUDA_MIN_INT8_OUT_FEATURES if device.type == "cuda" else 0)
         elif device.type == "cpu":

@@ -17,14 +17,14 @@ over the rows padded to 16), fusing into its epilogue:
 
 Nothing is fused on the way in: any op on the x tile between its load and the dot costs the
 pipeline its asynchronous copies, and measured 0.23-0.35 of the bandwidth (the RMS norm; so it
-stays a kernel of its own, engine/triton_norm.py, 2 us). Except around the dot:
+stays a kernel of its own, engine/triton_norm.py, 2 us).
 
-  rms_norm   for a weight that holds its RMS norm's weight in its columns (CausalLM.fold_rms_norms,
-             for drafts): a prologue sums the squares of each x row (a few KB, from L2) and the
-             epilogue multiplies the row's product by its 1 / rms, so the norm costs no kernel
-  prefetch   with PDL (engine/pdl.py) the program starts while the previous kernel runs; before it
-             waits for it, it sends the first PREFETCH_ROW_BYTES of each of its W rows to L2 (the
-             weights do not depend on that kernel), so the stream of W has begun when its loop does
+Narrow products of a long K (a draft's down projection: 2048 columns, K = 8192) are split along K:
+each column strip has `split_k` programs, one a K range, so four times as many programs stream W
+(128 strips of 16 columns would leave each SM one program and its few loads in flight). Each
+writes its float32 partial sums to a workspace and counts itself in the strip's counter; the last
+to arrive adds the partials in order of their K range (whichever program that is, the same sum)
+and runs the epilogue, then zeroes the counter for the next launch.
 
 A row's result does not depend on the other rows or their number (the launch configuration is a
 function of N and K only, and every row tile is computed alike): a verify and a decode, or any
@@ -45,8 +45,11 @@ from engine.linear import dequantize_int8
 from engine.llama import silu_mul_interleaved
 
 BLOCK_M = 16  # rows per program: the smallest tensor-core tile
-CACHE_LINE = 128  # bytes
-PREFETCH_ROW_BYTES = 4096  # of each W row, before the PDL wait; 0: none
+
+
+SPLIT_K = 4  # K ranges of a narrow product of a long K
+SPLIT_K_MIN_K = 8192
+MAX_TILES = 8192  # (row tile, column strip) counters a split product may use
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,7 @@ class LaunchConfig:
     block_k: int
     num_warps: int
     num_stages: int
+    split_k: int = 1  # programs a column strip, each a K range (see the module doc)
 
 
 def launch_config(n: int, k: int, int8: bool = False) -> LaunchConfig:
@@ -66,6 +70,8 @@ def launch_config(n: int, k: int, int8: bool = False) -> LaunchConfig:
     if int8:
         return _int8_launch_config(n, k)
     narrow = n < 4096
+    if narrow and k >= SPLIT_K_MIN_K and SPLIT_K > 1:
+        return LaunchConfig(16, 256, 2, 4, split_k=SPLIT_K)
     if k >= 8192:  # down projections
         return LaunchConfig(16, 512, 2, 4) if narrow else LaunchConfig(32, 512, 4, 4)
     if n >= 65536:  # LM heads
@@ -83,14 +89,14 @@ def _int8_launch_config(n: int, k: int) -> LaunchConfig:
         return LaunchConfig(block_n=64, block_k=256, num_warps=4, num_stages=3)
     bf16 = launch_config(n, k)
     block_k = bf16.block_k * 2 if k % (bf16.block_k * 2) == 0 else bf16.block_k
-    return LaunchConfig(bf16.block_n, block_k, bf16.num_warps, bf16.num_stages)
+    return LaunchConfig(bf16.block_n, block_k, bf16.num_warps, bf16.num_stages, bf16.split_k)
 
 
 @triton.jit
 def _skinny_linear_kernel(
-    x_ptr, w_ptr, out_ptr, bias_ptr, res_ptr, scale_ptr,
-    M, N, K, stride_xm, stride_wn, stride_om, stride_rm, norm_eps,
-    RMS_NORM: tl.constexpr,
+    x_ptr, w_ptr, out_ptr, bias_ptr, res_ptr, scale_ptr, part_ptr, count_ptr,
+    M, N, K, stride_xm, stride_wn, stride_om, stride_rm, k_per_split,
+    SPLIT_K: tl.constexpr,
     SILU_MUL: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr,
@@ -101,10 +107,11 @@ def _skinny_linear_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
-    PREFETCH_LINES: tl.constexpr,  # of each W row, before the PDL wait
-    LINE: tl.constexpr,  # W elements a cache line
     USE_PDL: tl.constexpr,
 ):
+    if USE_PDL:  # engine/pdl.py: wait for the previous kernel before any load or store
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
@@ -113,23 +120,9 @@ def _skinny_linear_kernel(
     dtype = x_ptr.dtype.element_ty
     x_rows = x_ptr + rows[:, None].to(tl.int64) * stride_xm
     w_cols = w_ptr + cols[:, None].to(tl.int64) * stride_wn
-    if USE_PDL:  # engine/pdl.py: wait for the previous kernel before any load or store
-        if PREFETCH_LINES > 0:  # but W is no output of it: its first lines go to L2 meanwhile
-            lines = tl.minimum(tl.arange(0, PREFETCH_LINES) * LINE, K - 1)
-            strip = w_ptr + tl.minimum(cols, N - 1)[:, None].to(tl.int64) * stride_wn + lines[None, :]
-            tl.inline_asm_elementwise("mov.u32 $0, 0;\n\tprefetch.global.L2 [$1];", "=r,l", [strip],
-                                      dtype=tl.int32, is_pure=False, pack=1)
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
-    if RMS_NORM:  # each row's 1 / rms, from its float32 sum of squares (as engine.llama.rms_norm)
-        squares = tl.zeros([BLOCK_M], dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            k = k0 + offs_k
-            a = tl.load(x_rows + k[None, :], mask=row_ok[:, None] & (k < K)[None, :], other=0.0).to(tl.float32)
-            squares += tl.sum(a * a, axis=1)
-        rstd = tl.rsqrt(squares / K + norm_eps)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    k_first = tl.program_id(2) * k_per_split  # this program's K range (all of K without a split)
+    for k0 in range(k_first, tl.minimum(K, k_first + k_per_split), BLOCK_K):
         k = k0 + offs_k
         k_ok = k < K
         if EVEN_K and EVEN_N:
@@ -140,8 +133,20 @@ def _skinny_linear_kernel(
             w = w.to(dtype)
         a = tl.load(x_rows + k[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
         acc += tl.dot(a, tl.trans(w), input_precision=DOT_PRECISION)
-    if RMS_NORM:
-        acc *= rstd[:, None]
+    if SPLIT_K > 1:  # the partial sums to the workspace; the strip's last program adds them, in K order
+        tile_mask = row_ok[:, None] & col_ok[None, :]
+        parts = part_ptr + rows[:, None].to(tl.int64) * N + cols[None, :]
+        tl.store(parts + tl.program_id(2) * M * N, acc, mask=tile_mask)
+        tl.debug_barrier()  # every thread's partials written before the count (release) says so
+        tile = tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
+        arrived = tl.atomic_add(count_ptr + tile, 1, sem="acq_rel")
+        last = tl.zeros([BLOCK_M], dtype=tl.int32) + arrived == SPLIT_K - 1  # (a vector: row masks)
+        row_ok &= last  # the others store nothing
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for split in range(SPLIT_K):
+            acc += tl.load(parts + split * M * N, mask=tile_mask & last[:, None], other=0.0, cache_modifier=".cg")
+        first_row = tl.arange(0, BLOCK_M) == 0
+        tl.atomic_xchg(count_ptr + tile + tl.zeros([BLOCK_M], dtype=tl.int32), 0, mask=last & first_row)  # for the next
     if HAS_SCALE:
         acc *= tl.load(scale_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
     if HAS_BIAS:
@@ -167,13 +172,14 @@ def skinny_linear(
     bias: torch.Tensor | None = None,  # [N]
     *,
     scale: torch.Tensor | None = None,  # [N]: weight is int8, its row n standing for weight[n] * scale[n]
-    rms_norm_eps: float | None = None,  # x's rows normalized by their rms (weight holds the norm's weight)
     silu_mul: bool = False,
     residual: torch.Tensor | None = None,  # [M, N] ([M, N / 2] with silu_mul), added last
     out_dtype: torch.dtype | None = None,
     config: LaunchConfig | None = None,
+    counters: torch.Tensor | None = None,  # split products: MAX_TILES zeroed int32 (split_counters)
 ) -> torch.Tensor:  # [M, N] ([M, N / 2] with silu_mul)
-    """Asserting host wrapper: every shape, dtype and stride is checked before launch."""
+    """Asserting host wrapper: every shape, dtype and stride is checked before launch. A split product
+    (launch_config's split_k) inside a CUDA graph capture needs `counters` made before the capture."""
     assert x.dim() == 2 and weight.dim() == 2, "x [M, K] and weight [N, K]"
     n, k = weight.shape
     m = x.shape[0]
@@ -198,30 +204,40 @@ def skinny_linear(
     config = config or launch_config(n, k, int8=scale is not None)
     assert config.block_n % 2 == 0
     # row tiles vary fastest: the programs that share a strip of W run together and read it from L2
-    grid = (triton.cdiv(m, BLOCK_M), triton.cdiv(n, config.block_n))
-    launch = pdl.launch_options(x.device)
+    grid = (triton.cdiv(m, BLOCK_M), triton.cdiv(n, config.block_n), config.split_k)
+    k_per_split = triton.cdiv(triton.cdiv(k, config.split_k), config.block_k) * config.block_k
+    if config.split_k > 1:
+        assert grid[0] * grid[1] <= MAX_TILES, f"{grid[0] * grid[1]} tiles, counters for {MAX_TILES}"
+        counters = split_counters(x.device) if counters is None else counters
+        assert counters.dtype == torch.int32 and counters.numel() >= grid[0] * grid[1]
+        partials = torch.empty((config.split_k, m, n), dtype=torch.float32, device=x.device)
+    else:
+        counters = partials = x
     _skinny_linear_kernel[grid](
         x, weight, out,
         bias if bias is not None else x,
         residual if residual is not None else x,
         scale if scale is not None else x,
+        partials, counters,
         m, n, k, x.stride(0), weight.stride(0), out.stride(0),
-        residual.stride(0) if residual is not None else 0, rms_norm_eps or 0.0,
-        RMS_NORM=rms_norm_eps is not None, SILU_MUL=silu_mul, HAS_BIAS=bias is not None,
+        residual.stride(0) if residual is not None else 0, k_per_split,
+        SPLIT_K=config.split_k, SILU_MUL=silu_mul, HAS_BIAS=bias is not None,
         HAS_RESIDUAL=residual is not None, HAS_SCALE=scale is not None,
         EVEN_K=k % config.block_k == 0, EVEN_N=n % config.block_n == 0,
         BLOCK_M=BLOCK_M, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         # float32 models stay exact float32 (no TF32)
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
-        PREFETCH_LINES=_prefetch_lines(k * weight.element_size()) if launch["USE_PDL"] else 0,
-        LINE=CACHE_LINE // weight.element_size(),
-        num_warps=config.num_warps, num_stages=config.num_stages, **launch,
+        num_warps=config.num_warps, num_stages=config.num_stages, **pdl.launch_options(x.device),
     )
     return out
 
 
-def _prefetch_lines(row_bytes: int) -> int:
-    return triton.next_power_of_2(triton.cdiv(min(PREFETCH_ROW_BYTES, row_bytes), CACHE_LINE)) if PREFETCH_ROW_BYTES else 0
+def split_counters(device: torch.device) -> torch.Tensor:
+    """Zeroed counters for split products; each launch leaves them zeroed. One set for the kernels
+    of one stream in turn (a model's): kernels running at once must not share a set."""
+    assert not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()), \
+        "split products in a CUDA graph take counters made before the capture"
+    return torch.zeros(MAX_TILES, dtype=torch.int32, device=device)
 
 
 def skinny_linear_reference(
@@ -230,7 +246,6 @@ def skinny_linear_reference(
     bias: torch.Tensor | None = None,
     *,
     scale: torch.Tensor | None = None,
-    rms_norm_eps: float | None = None,
     silu_mul: bool = False,
     residual: torch.Tensor | None = None,
     out_dtype: torch.dtype | None = None,
@@ -238,12 +253,7 @@ def skinny_linear_reference(
     """`skinny_linear` in PyTorch ops."""
     if scale is not None:
         weight = dequantize_int8(weight, scale, x.dtype)
-    if rms_norm_eps is None:
-        out = F.linear(x, weight, bias)
-    else:
-        rstd = torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + rms_norm_eps)
-        out = (F.linear(x.float(), weight.float()) * rstd).to(x.dtype)
-        out = out if bias is None else out + bias
+    out = F.linear(x, weight, bias)
     if silu_mul:
         out = silu_mul_interleaved(out)
     if residual is not None:

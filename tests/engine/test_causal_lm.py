@@ -86,18 +86,6 @@ def test_fused_kernels_serve_a_draft_with_a_reduced_lm_head(tmp_path, tokenizer)
     torch.testing.assert_close(fused[kept], reference[kept], atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("quantize", ["none", "int8"])
-def test_a_draft_with_its_norms_folded_into_its_linears_computes_the_same_logits(model_dir, quantize):
-    """fold_norms (engine/llama.CausalLM.fold_rms_norms): the fused steps normalize inside the linears'
-    kernels, the prefill's reference stages with norms of weight one; the logits stay the model's (int8:
-    the folded weights' rows quantize alike up to rounding)."""
-    expected = _decode_and_verify_logits(model_dir, "fused", num_prefill=12, quantize=quantize)
-    folded = _decode_and_verify_logits(model_dir, "fused", num_prefill=12, quantize=quantize, fold_norms=True)
-    tolerance = 1e-4 if quantize == "none" else 5e-2
-    torch.testing.assert_close(folded, expected, atol=tolerance, rtol=tolerance)
-    assert not torch.equal(folded, expected)  # the norms did fold: the rounding moved
-
-
 def test_an_int8_draft_through_the_fused_kernels_computes_its_dequantized_weights_logits(model_dir, tokenizer):
     """--quantize int8 (engine/linear.Int8Linear) under the fused kernels, every step of at most a
     kernel tile of rows (all fused): the logits of the model whose linears hold the dequantized int8

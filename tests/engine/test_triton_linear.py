@@ -7,10 +7,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from engine import pdl
-from engine.linear import Int8Linear, dequantize_int8
-from engine.llama import rms_norm
-from engine.triton_linear import LaunchConfig, skinny_linear, skinny_linear_reference
+from engine.linear import Int8Linear
+from engine.triton_linear import LaunchConfig, launch_config, skinny_linear, skinny_linear_reference, split_counters
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 SMALL = LaunchConfig(block_n=16, block_k=32, num_warps=4, num_stages=2)  # several K steps on small shapes
@@ -59,25 +57,22 @@ def test_int8_weights_give_the_product_of_their_dequantized_rows(rows, n, k, fus
     torch.testing.assert_close(skinny_linear(**args, config=SMALL), expected, atol=1e-5, rtol=1e-5)
 
 
+SPLIT = LaunchConfig(block_n=16, block_k=32, num_warps=4, num_stages=2, split_k=3)  # 3 K ranges, one maybe empty
+
+
 @pytest.mark.parametrize(("rows", "n", "k"), SHAPES)
 @pytest.mark.parametrize(("fusion", "bias", "residual", "int8"), [
-    ("none", False, False, False), ("none", True, True, False), ("silu_mul", False, True, False),
-    ("silu_mul", True, False, True),
+    ("none", False, False, False), ("none", True, True, False), ("silu_mul", True, True, False),
+    ("none", False, True, True), ("silu_mul", False, False, True),
 ])
-def test_rms_norm_in_the_product_equals_the_norm_then_the_product(rows, n, k, fusion, bias, residual, int8):
-    """A weight holding its norm's weight in its columns (CausalLM.fold_rms_norms), normalizing in the
-    kernel: the product of the normed rows with the plain weight."""
+def test_a_product_split_along_k_adds_its_ranges_to_the_same_result(rows, n, k, fusion, bias, residual, int8):
     args = _inputs(rows, n, k, fusion, bias, residual, torch.float32)
-    norm = torch.rand(k, device=DEVICE) + 0.5
-    x = args["x"] * 3  # rows whose rms is not one
-    folded = {**args, "x": x, "weight": args["weight"] * norm}
-    if int8:
-        folded = _int8(folded)
-        args = {**args, "weight": dequantize_int8(folded["weight"], folded["scale"], torch.float32) / norm}
-    expected = skinny_linear_reference(**{**args, "x": rms_norm(x, norm, 1e-5)})
-    got = skinny_linear(**folded, rms_norm_eps=1e-5, config=SMALL)
-    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(skinny_linear_reference(**folded, rms_norm_eps=1e-5), expected, atol=1e-5, rtol=1e-5)
+    args = _int8(args) if int8 else args
+    counters = split_counters(torch.device(DEVICE))
+    got = skinny_linear(**args, config=SPLIT, counters=counters)
+    torch.testing.assert_close(got, skinny_linear_reference(**args), atol=1e-5, rtol=1e-5)
+    assert not counters.any()  # each strip's last program zeroed its counter for the next launch
+    assert torch.equal(skinny_linear(**args, config=SPLIT, counters=counters), got)  # and it adds in K order
 
 
 def test_int8_weights_without_their_scales_are_refused_before_launch():
@@ -95,14 +90,13 @@ def test_float32_output_of_bfloat16_product_keeps_the_accumulator():
     torch.testing.assert_close(out, skinny_linear_reference(**args).float(), atol=2e-2, rtol=2e-2)
 
 
-@pytest.mark.parametrize("fusion", ["none", "silu_mul", "rms_norm"])
-def test_each_row_is_computed_as_if_alone(fusion):
+@pytest.mark.parametrize("fusion", ["none", "silu_mul"])
+@pytest.mark.parametrize("config", [SMALL, SPLIT], ids=["whole_k", "split_k"])
+def test_each_row_is_computed_as_if_alone(fusion, config):
     """Batch invariance: a decode (1 row) and a verify (5 rows) give the shared row the same bits."""
-    args = _inputs(5, 32, 64, "none" if fusion == "rms_norm" else fusion, False, True, torch.float32)
-    if fusion == "rms_norm":
-        args["rms_norm_eps"] = 1e-5
-    together = skinny_linear(**args, config=SMALL)
-    alone = skinny_linear(**{**args, "x": args["x"][2:3], "residual": args["residual"][2:3]}, config=SMALL)
+    args = _inputs(5, 32, 64, fusion, False, True, torch.float32)
+    together = skinny_linear(**args, config=config)
+    alone = skinny_linear(**{**args, "x": args["x"][2:3], "residual": args["residual"][2:3]}, config=config)
     assert torch.equal(together[2:3], alone)
 
 
@@ -135,26 +129,40 @@ def test_each_row_is_computed_as_if_alone_bf16(fusion):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize(("rows", "n", "k"), [(1, 3072, 2048), (5, 16384, 2048), (3, 1000, 2048)])
-@pytest.mark.parametrize("fusion", ["none", "silu_mul"])
-@pytest.mark.parametrize("use_pdl", [False, True])
-def test_normalizing_and_prefetching_kernel_matches_reference_bf16(rows, n, k, fusion, use_pdl, monkeypatch):
-    """The RMS norm in the product, with and without PDL and its prefetch of W (engine/pdl.py): bf16
-    at a draft's shapes, and the same bits either way."""
-    args = {**_inputs(rows, n, k, fusion, False, True, torch.bfloat16), "rms_norm_eps": 1e-5}
-    expected = skinny_linear_reference(**args)
-    monkeypatch.setattr(pdl, "ENABLED", False)
-    without = skinny_linear(**args)
-    monkeypatch.setattr(pdl, "ENABLED", use_pdl)
-    got = skinny_linear(**args)
-    torch.testing.assert_close(got.float(), expected.float(), atol=6e-2, rtol=2e-2)
-    assert torch.equal(got, without)
-
-
-@pytest.mark.gpu
 @pytest.mark.parametrize(("rows", "n", "k"), [(1, 3072, 2048), (5, 2048, 8192), (16, 16384, 2048), (3, 1000, 2048)])
 @pytest.mark.parametrize("fusion", ["none", "silu_mul"])
 def test_int8_kernel_matches_reference_bf16_at_model_shapes(rows, n, k, fusion):
     args = _int8(_inputs(rows, n, k, fusion, False, True, torch.bfloat16))
     got, expected = skinny_linear(**args), skinny_linear_reference(**args)
     torch.testing.assert_close(got.float(), expected.float(), atol=6e-2, rtol=2e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("int8", [False, True])
+def test_a_split_product_replays_in_a_cuda_graph_with_the_same_bits(int8):
+    """A draft's down projection (2048 x 8192, split along K) captured with counters made before the
+    capture: every replay gives the eager product's bits, and each row's alone."""
+    assert launch_config(2048, 8192, int8=int8).split_k > 1
+    args = _inputs(5, 2048, 8192, "none", False, True, torch.bfloat16)
+    args = _int8(args) if int8 else args
+    counters = split_counters(torch.device("cuda"))
+    eager = skinny_linear(**args, counters=counters)
+    torch.testing.assert_close(eager.float(), skinny_linear_reference(**args).float(), atol=6e-2, rtol=2e-2)
+    x = args["x"].clone()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        skinny_linear(**{**args, "x": x}, counters=counters)  # compiled outside the capture
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            out = skinny_linear(**{**args, "x": x}, counters=counters)
+    torch.cuda.current_stream().wait_stream(stream)
+    for _ in range(3):
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, eager)
+    assert not counters.any()
+    for row in range(5):
+        alone = skinny_linear(**{**args, "x": args["x"][row:row + 1], "residual": args["residual"][row:row + 1]},
+                              counters=counters)
+        assert torch.equal(eager[row:row + 1], alone)
