@@ -16,12 +16,12 @@ the shipped distilled draft has; EAGLE-3's Llama drafts keep 32k of 128k): a sma
 draft forward, verification unchanged. `--draft-quantize int8` serves the draft with weight-only
 int8 linears (half of bf16's bytes a draft step reads; a draft's numerics change what it proposes,
 never the output; under the oracle, acceptance is the same either way). `--busy-poll` is every
-service's flag (specdec/busy_poll.py; auto polls on the GPU host). `--draft-pdl` runs the draft's
-kernels with programmatic dependent launch (engine/pdl.py).
+service's flag (specdec/busy_poll.py; auto polls on the GPU host). `--no-draft-pdl` runs the draft's
+kernels without programmatic dependent launch (engine/pdl.py), which its service uses by default.
 Usage: python bench/gpu_e2e.py [--tiny] [--skip-hf] [--layer-kernels auto|fused|reference]
                                [--batches 1 8] [--ks 2 4] [--draft-ahead] [--draft-gpu N]
                                [--draft-head-rows N] [--draft-quantize none|int8] [--busy-poll auto|on|off]
-                               [--draft-pdl] [--out PATH]
+                               [--[no-]draft-pdl] [--out PATH]
 """
 from __future__ import annotations
 
@@ -155,8 +155,9 @@ def main() -> None:
                         help="the draft's LM head keeps this many vocabulary rows (default: all)")
     parser.add_argument("--draft-quantize", choices=["none", "int8"], default="none",
                         help="the draft's weights: int8 halves the bytes a draft step reads (engine/linear.py)")
-    parser.add_argument("--draft-pdl", action="store_true",
-                        help="the draft service's kernels with programmatic dependent launch (SPECDEC_PDL=1, engine/pdl.py)")
+    parser.add_argument("--draft-pdl", action=argparse.BooleanOptionalAction, default=True,
+                        help="the draft's kernels with programmatic dependent launch (engine/pdl.py; the draft "
+                             "service's default): SPECDEC_PDL=1 or 0 for the draft")
     parser.add_argument("--busy-poll", choices=["auto", "on", "off"], default="auto",
                         help="every service's event loop polls while streams are open (specdec/busy_poll.py)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "gpu_e2e.json")
@@ -202,8 +203,7 @@ def main() -> None:
             if len(references) == 2:
                 metrics["target_only_outputs_differ_bs1_vs_bs8"] = sum(a != b for a, b in zip(*references.values()))
             draft_env = {"CUDA_VISIBLE_DEVICES": str(args.draft_gpu)} if args.draft_gpu is not None else {}
-            if args.draft_pdl:
-                draft_env["SPECDEC_PDL"] = "1"
+            draft_env["SPECDEC_PDL"] = "1" if args.draft_pdl else "0"
             continuations = work / "continuations.json"
             continuations.write_text("[]")
             started = time.perf_counter()
@@ -211,7 +211,7 @@ def main() -> None:
                 "--model", draft_model, "--continuations", str(continuations),
                 "--alphas", *map(str, ALPHAS), *(["--draft-ahead"] if args.draft_ahead else []),
                 "--quantize", args.draft_quantize, *common],
-                env=draft_env or None), 900)
+                env=draft_env), 900)
             metrics["draft_start_s"] = time.perf_counter() - started
             gateway = trio.wait_ready(trio.spawn("gateway", "gateway", ["--target", target, "--draft", draft, "--log-level", "WARNING", *polling]), 60)
             with grpc.insecure_channel(gateway) as channel:

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from draft_service.registry import DraftRegistry, model_loader
 from draft_service.server import busy_poll_of, start_draft_server
+from engine import pdl
 from engine.drafter import DraftSequence, ProposeTiming
 from engine.model_drafter import ModelDrafter
 from engine.sampling import SamplingParams
@@ -134,6 +135,7 @@ def main() -> None:
     args = parser.parse_args()
     setup_logging(args.log_level, args.log_format)
     config = replace(runtime_config(args), quantize=args.quantize)
+    pdl.ENABLED = pdl.from_env(default=True)  # as the draft service (draft_service/cli.py)
     continuations = Continuations(args.continuations)
 
     async def start() -> RunningServer:

@@ -5,6 +5,7 @@ import argparse
 from dataclasses import replace
 
 from draft_service.server import run
+from engine import pdl
 from engine.model_source import DEFAULT_MODEL
 from specdec.cli_args import add_runtime_args, add_server_args, env_default, runtime_config, setup_logging
 from specdec.tls import add_server_tls_args
@@ -34,6 +35,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     setup_logging(args.log_level, args.log_format)
     quantize = args.quantize or ("int8" if args.device == "cpu" else "none")
+    pdl.ENABLED = pdl.from_env(default=True)  # a draft's chains of small kernels gain (engine/pdl.py)
     run(args, replace(runtime_config(args), quantize=quantize))
 
 

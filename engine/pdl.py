@@ -17,12 +17,19 @@ import os
 from functools import cache
 
 import torch
-import triton.language as tl
 
-# opt-in (SPECDEC_PDL=1): on the H200 it cuts graph replays (bench/results/gpu_pdl.json: 8B decode
-# 4.41 -> 4.25 ms, 1B k = 4 proposal 4.43-4.54 -> 4.24-4.26 ms), but the trio end to end did not gain
-# (bench/results/gpu_e2e_pdl_ab_{off,on}.json: 277 vs 269 tok/s at alpha 0.8, k 4, batch 1, one run each)
-ENABLED = os.environ.get("SPECDEC_PDL", "0") == "1"
+
+def from_env(default: bool) -> bool:
+    """SPECDEC_PDL=1 or 0 if set, else `default`."""
+    return os.environ.get("SPECDEC_PDL", "1" if default else "0") == "1"
+
+
+# Off unless SPECDEC_PDL=1, the target's default: it cuts graph replays (bench/results/gpu_pdl.json: 8B
+# decode 4.41 -> 4.25 ms), but the trio end to end did not gain (gpu_e2e_pdl_ab_{off,on}.json: 277 vs
+# 269 tok/s at alpha 0.8, k 4, batch 1, both services with it, one run each). The draft service turns
+# it on (draft_service/cli.py): a 1B decode replay 1.084 -> 1.007 ms, int8 with a 32k head 0.908 ->
+# 0.833, a k = 4 proposal 5.22 -> 4.77 and 4.39 -> 4.00 ms (bench/results/gpu_draft_forward.json).
+ENABLED = from_env(default=False)
 
 
 def launch_options(device: torch.device) -> dict[str, bool]:
@@ -33,4 +40,6 @@ def launch_options(device: torch.device) -> dict[str, bool]:
 
 @cache
 def _supported(device_index: int) -> bool:
+    import triton.language as tl  # an optional dependency (GPU hosts): only where PDL may run
+
     return torch.cuda.get_device_capability(device_index)[0] >= 9 and hasattr(tl.extra.cuda, "gdc_wait")
