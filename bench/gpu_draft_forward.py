@@ -34,14 +34,12 @@ from engine import model_runner  # noqa: E402
 from engine import pdl, triton_linear  # noqa: E402
 from engine.batch import StepInput  # noqa: E402
 from engine.cuda_graphs import GraphConfig  # noqa: E402
-from engine.draft_loop import DraftLoop, LoopConfig  # noqa: E402
 from engine.model_runner import ModelRunner, RuntimeConfig  # noqa: E402
 from engine.model_source import LoadedModel  # noqa: E402
 from engine.subset_head import SubsetLMHead  # noqa: E402
 from gpu_e2e import LLAMA_1B  # noqa: E402
-from gpu_target import wall_ms  # noqa: E402
 from report import save_report  # noqa: E402
-from timing import cuda_ms  # noqa: E402
+from timing import cuda_ms, decode_logits, prefilled_sequences, proposal_ms  # noqa: E402
 from tiny_models import build_tokenizer  # noqa: E402
 
 PROMPT = 512
@@ -107,28 +105,15 @@ def kernel_census(replay) -> dict[str, float]:
 def measure(hf, setting: dict, census: bool) -> tuple[dict[str, float], torch.Tensor, dict]:
     runner = build(hf, setting)
     gen = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(3, 30000, (PROMPT,), generator=gen).tolist() for _ in range(8)]
-    seqs = [runner.kv.new_sequence() for _ in prompts]
-    for kv, prompt in zip(seqs, prompts):
-        runner.forward([StepInput(kv, prompt, 1)])
+    seqs = prefilled_sequences(runner, gen, 8, PROMPT)
     kv = seqs[0]
     runner.forward([StepInput(kv, [100], 1)])  # fills the bucket's buffers
     kv.truncate(PROMPT)
     replay = runner.graphs._graphs[(1, 1)].graph.replay
     metrics = {"replay_ms_q1": cuda_ms(replay, 200)}
     kernels = kernel_census(replay) if census else {}
-    continuation = torch.randint(3, 30000, (NUM_LOGIT_POSITIONS,), generator=gen).tolist()
-    logits = torch.cat([runner.forward([StepInput(kv, [t], 1)])[0].float() for t in continuation])
-    kv.truncate(PROMPT)
-    loop = DraftLoop(runner, LoopConfig(batch_buckets=(1, 8), max_steps=4, first_query_buckets=(1,)))
-    for batch in (1, 8):
-        def propose(batch: int = batch) -> None:
-            loop.propose([StepInput(s, [7], 1) for s in seqs[:batch]], [4] * batch)
-            for s in seqs[:batch]:
-                s.truncate(PROMPT)
-
-        propose()
-        metrics[f"propose_ms_k4_bs{batch}"] = wall_ms(propose, 200)
+    logits = decode_logits(runner, kv, gen, NUM_LOGIT_POSITIONS, PROMPT)
+    metrics.update(proposal_ms(runner, seqs, PROMPT))
     for s in seqs:
         s.release()
     return metrics, logits, kernels

@@ -24,13 +24,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "bench"), str(ROOT / "tests")]
 
 from engine.batch import StepInput  # noqa: E402
-from engine.draft_loop import DraftLoop, LoopConfig  # noqa: E402
 from engine.model_runner import ModelRunner, RuntimeConfig  # noqa: E402
 from engine.model_source import LoadedModel  # noqa: E402
 from gpu_e2e import LLAMA_1B  # noqa: E402
-from gpu_target import wall_ms  # noqa: E402
 from report import save_report  # noqa: E402
-from timing import cuda_ms  # noqa: E402
+from timing import cuda_ms, decode_logits, prefilled_sequences, proposal_ms  # noqa: E402
 from tiny_models import build_tokenizer  # noqa: E402
 
 PROMPT = 512
@@ -44,28 +42,15 @@ def measure(hf, quantize: str) -> tuple[dict[str, float], torch.Tensor]:
         loaded=LoadedModel("random-1b", hf, build_tokenizer()),
     )
     gen = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(3, 30000, (PROMPT,), generator=gen).tolist() for _ in range(8)]
-    seqs = [runner.kv.new_sequence() for _ in prompts]
-    for kv, prompt in zip(seqs, prompts):
-        runner.forward([StepInput(kv, prompt, 1)])
+    seqs = prefilled_sequences(runner, gen, 8, PROMPT)
     kv = seqs[0]
     metrics = {}
     for q in (1, 5):
         runner.forward([StepInput(kv, list(range(100, 100 + q)), q)])  # fills the bucket's buffers
         kv.truncate(PROMPT)
         metrics[f"replay_ms_q{q}"] = cuda_ms(runner.graphs._graphs[(1, q)].graph.replay, 100)
-    # decode logits along a fixed continuation (graph steps), to compare the two weight formats
-    continuation = torch.randint(3, 30000, (NUM_LOGIT_POSITIONS,), generator=gen).tolist()
-    logits = torch.cat([runner.forward([StepInput(kv, [t], 1)])[0].float() for t in continuation])
-    kv.truncate(PROMPT)
-    loop = DraftLoop(runner, LoopConfig(batch_buckets=(1, 8), max_steps=4, first_query_buckets=(1,)))
-    for batch in (1, 8):
-        def propose(batch: int = batch) -> None:
-            loop.propose([StepInput(s, [7], 1) for s in seqs[:batch]], [4] * batch)
-            for s in seqs[:batch]:
-                s.truncate(PROMPT)
-
-        metrics[f"propose_ms_k4_bs{batch}"] = wall_ms(propose, 200)
+    logits = decode_logits(runner, kv, gen, NUM_LOGIT_POSITIONS, PROMPT)
+    metrics.update(proposal_ms(runner, seqs, PROMPT))
     for s in seqs:
         s.release()
     return metrics, logits
