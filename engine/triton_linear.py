@@ -45,9 +45,7 @@ from engine.linear import dequantize_int8
 from engine.llama import silu_mul_interleaved
 
 BLOCK_M = 16  # rows per program: the smallest tensor-core tile
-
-
-SPLIT_K = 4  # K ranges of a narrow product of a long K
+SPLIT_K = 4  # K ranges of a narrow product of a long K (launch_config)
 SPLIT_K_MIN_K = 8192
 MAX_TILES = 8192  # (row tile, column strip) counters a split product may use
 
@@ -66,7 +64,10 @@ def launch_config(n: int, k: int, int8: bool = False) -> LaunchConfig:
     doc); the best of bench/tune_linear.py's sweeps on the H200 for Llama-3.1-8B and 3.2-1B shapes.
     Products narrower than 4096 columns take 16 a program: at 32 they leave SMs idle (N = 2048 is 64
     programs on 132 SMs), and at 16 Llama-3.2-1B's down projection streams W in 12.6 us instead of
-    16.2, its o_proj in 5.4 instead of 5.9 (bench/results/tune_linear_narrow.json, residual fused, 1 row)."""
+    16.2, its o_proj in 5.4 instead of 5.9 (bench/results/tune_linear_narrow.json, residual fused, 1 row).
+    Narrow products of a long K split in SPLIT_K ranges (the module doc): a 1B bf16 decode replay
+    1.167 -> 1.084 ms, with int8 and a 32k head 0.990 -> 0.908; 2 or 8 ranges, or splitting qkv and
+    o_proj too, were slower (bench/results/gpu_draft_forward.json)."""
     if int8:
         return _int8_launch_config(n, k)
     narrow = n < 4096
@@ -143,10 +144,12 @@ def _skinny_linear_kernel(
         last = tl.zeros([BLOCK_M], dtype=tl.int32) + arrived == SPLIT_K - 1  # (a vector: row masks)
         row_ok &= last  # the others store nothing
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        for split in range(SPLIT_K):
-            acc += tl.load(parts + split * M * N, mask=tile_mask & last[:, None], other=0.0, cache_modifier=".cg")
+        for split in range(SPLIT_K):  # from L2 (.cg), where the other programs' stores are
+            acc += tl.load(parts + split * M * N, mask=tile_mask & last[:, None], other=0.0,
+                           cache_modifier=".cg")
+        # the counter back to zero for the next launch (one lane of the last program)
         first_row = tl.arange(0, BLOCK_M) == 0
-        tl.atomic_xchg(count_ptr + tile + tl.zeros([BLOCK_M], dtype=tl.int32), 0, mask=last & first_row)  # for the next
+        tl.atomic_xchg(count_ptr + tile + tl.zeros([BLOCK_M], dtype=tl.int32), 0, mask=last & first_row)
     if HAS_SCALE:
         acc *= tl.load(scale_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
     if HAS_BIAS:
