@@ -149,17 +149,21 @@ def main() -> None:
 
 
 def _closeness(logits: dict[str, torch.Tensor]) -> dict[str, float]:
-    """Each variant's decode logits against the plain variant of its weights (same head, same int8)."""
+    """Each variant's decode logits against the first variant measured with the same weights."""
     out = {}
     for name, value in logits.items():
-        base = next((b for b in ("int8all_32k_pdl_split4", "int8_32k", "bf16") if name.startswith(b.split("_")[0] + "_")
-                     or name == b), "bf16")
-        if name == base or base not in logits:
+        base = next(b for b in logits if _weights(b) == _weights(name))
+        if base == name:
             continue
-        a, b = logits[base], value
-        out[f"{name}:top1_agreement_vs_{base}"] = (a.argmax(-1) == b.argmax(-1)).float().mean().item()
-        out[f"{name}:same_bits_as_{base}"] = float(torch.equal(a, b))
+        a = logits[base]
+        out[f"{name}:top1_agreement_vs_{base}"] = (a.argmax(-1) == value.argmax(-1)).float().mean().item()
+        out[f"{name}:same_bits_as_{base}"] = float(torch.equal(a, value))
     return out
+
+
+def _weights(name: str) -> tuple:
+    setting = settings(name)
+    return setting["quantize"], setting["min_int8_out"], setting["head_rows"]
 
 
 if __name__ == "__main__":

@@ -45,6 +45,7 @@ from distill.export import export_draft  # noqa: E402
 from engine.model_source import load_pretrained  # noqa: E402
 from engine.subset_head import SubsetLMHead  # noqa: E402
 from report import save_report  # noqa: E402
+from specdec.busy_poll import MODES as BUSY_POLL_MODES  # noqa: E402
 from specdec.client import collect  # noqa: E402
 from specdec.launch import Trio  # noqa: E402
 from specdec.v1 import common_pb2, draft_pb2_grpc, gateway_pb2, gateway_pb2_grpc  # noqa: E402
@@ -158,7 +159,7 @@ def main() -> None:
     parser.add_argument("--draft-pdl", action=argparse.BooleanOptionalAction, default=True,
                         help="the draft's kernels with programmatic dependent launch (engine/pdl.py; the draft "
                              "service's default): SPECDEC_PDL=1 or 0 for the draft")
-    parser.add_argument("--busy-poll", choices=["auto", "on", "off"], default="auto",
+    parser.add_argument("--busy-poll", choices=BUSY_POLL_MODES, default="auto",
                         help="every service's event loop polls while streams are open (specdec/busy_poll.py)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "gpu_e2e.json")
     args = parser.parse_args()
