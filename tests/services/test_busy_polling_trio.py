@@ -3,6 +3,7 @@ when they end (finished or cancelled), and the output is the target's own."""
 from __future__ import annotations
 
 import os
+import sys
 import time
 
 import openai
@@ -23,6 +24,13 @@ from target_service.server import start_target_server
 
 @pytest.fixture(scope="module")
 def polling_trio(loop, model_dirs):
+    """All three services polling on the one loop of this process, beside the CPU models' torch threads:
+    a setting `auto` never picks (it polls for CUDA models only) and the services never share (a process
+    each). Each torch op's return to Python waits for the GIL the spinning loop keeps taking back, up to
+    the switch interval (5 ms); a 24-token stream took 15-67 s on the 2-core CI machine, against a 60 s
+    deadline. A 0.5 ms interval for these tests bounds that wait as a loop of its own would."""
+    switch_interval = sys.getswitchinterval()
+    sys.setswitchinterval(0.0005)
     runner = lambda name: ModelRunner(RuntimeConfig(model=str(model_dirs[name]), kv_cache_tokens=4096))  # noqa: E731
     target = loop.run(start_target_server(runner("target"), busy_poll=True))
     draft = loop.run(start_draft_server(DraftRegistry.of(ModelDrafter(runner("perturbed"))), busy_poll=True))
@@ -31,6 +39,7 @@ def polling_trio(loop, model_dirs):
     yield {"gateway": gateway, "target": target, "draft": draft}
     for server in (gateway, draft, target):
         loop.run(server.stop())
+    sys.setswitchinterval(switch_interval)
 
 
 def _holders(trio) -> dict[str, int]:
