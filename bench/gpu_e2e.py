@@ -16,11 +16,15 @@ the shipped distilled draft has; EAGLE-3's Llama drafts keep 32k of 128k): a sma
 draft forward, verification unchanged. `--draft-quantize int8` serves the draft with weight-only
 int8 linears (half of bf16's bytes a draft step reads; a draft's numerics change what it proposes,
 never the output; under the oracle, acceptance is the same either way). `--busy-poll` is every
-service's flag (specdec/busy_poll.py; auto polls on the GPU host). `--no-draft-pdl` runs the draft's
+service's flag (specdec/busy_poll.py; auto polls on the GPU host), and so is `--idle-poll`
+(specdec/idle_cpus.py). `--idle-cpus-ab` runs the services with --idle-poll off and measures target-only
+and alpha 0.8 at each batch once more with this process's own idle-CPU spinners running (the
+services' mechanism, on the same processes): `*_idle_cpus` metrics. `--no-draft-pdl` runs the draft's
 kernels without programmatic dependent launch (engine/pdl.py), which its service uses by default.
 Usage: python bench/gpu_e2e.py [--tiny] [--skip-hf] [--layer-kernels auto|fused|reference]
                                [--batches 1 8] [--ks 2 4] [--draft-ahead] [--draft-gpu N]
                                [--draft-head-rows N] [--draft-quantize none|int8] [--busy-poll auto|on|off]
+                               [--idle-poll auto|on|off] [--idle-cpus-ab]
                                [--[no-]draft-pdl] [--out PATH]
 """
 from __future__ import annotations
@@ -32,6 +36,7 @@ import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 
 import grpc
@@ -46,6 +51,7 @@ from engine.model_source import load_pretrained  # noqa: E402
 from engine.subset_head import SubsetLMHead  # noqa: E402
 from report import save_report  # noqa: E402
 from specdec.busy_poll import MODES as BUSY_POLL_MODES  # noqa: E402
+from specdec.idle_cpus import IdleCpus  # noqa: E402
 from specdec.client import collect  # noqa: E402
 from specdec.launch import Trio  # noqa: E402
 from specdec.v1 import common_pb2, draft_pb2_grpc, gateway_pb2, gateway_pb2_grpc  # noqa: E402
@@ -161,6 +167,10 @@ def main() -> None:
                              "service's default): SPECDEC_PDL=1 or 0 for the draft")
     parser.add_argument("--busy-poll", choices=BUSY_POLL_MODES, default="auto",
                         help="every service's event loop polls while streams are open (specdec/busy_poll.py)")
+    parser.add_argument("--idle-poll", choices=BUSY_POLL_MODES, default="off",
+                        help="every service keeps the host's idle CPUs polling while streams are open (specdec/idle_cpus.py)")
+    parser.add_argument("--idle-cpus-ab", action="store_true",
+                        help="services with --idle-poll off; measure again with this process's idle-CPU spinners")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "gpu_e2e.json")
     args = parser.parse_args()
     batches, ks = args.batches, args.ks
@@ -178,12 +188,15 @@ def main() -> None:
         metrics["draft_head_rows"] = args.draft_head_rows or draft_shape["vocab_size"]
         metrics["draft_int8"] = float(args.draft_quantize == "int8")
         metrics["busy_poll"] = args.busy_poll
+        idle_poll = "off" if args.idle_cpus_ab else args.idle_poll
+        metrics["idle_poll"] = idle_poll
         metrics["draft_pdl"] = float(args.draft_pdl)
         if args.draft_head_rows:
             draft_model = write_reduced_head_draft(work / "draft-reduced-head", draft_model, args.draft_head_rows)
         prompts = prompts_text(tokenizer, args.num_prompts, args.prompt_tokens)
         prompt_ids = [tokenizer.encode(p) for p in prompts]
-        polling = ["--busy-poll", args.busy_poll]
+        polling = ["--busy-poll", args.busy_poll, "--idle-poll", idle_poll]
+        idle_cpus = IdleCpus() if args.idle_cpus_ab else None
         common = ["--device", device, "--dtype", dtype, "--max-model-len", "1024", "--log-level", "WARNING", *polling,
                   *(["--layer-kernels", args.layer_kernels] if args.layer_kernels else []),
                   "--kv-cache-tokens", str(16 * (args.prompt_tokens * 2 + args.max_new_tokens + 64))]
@@ -201,6 +214,13 @@ def main() -> None:
                     metrics[f"target_only_tok_s_bs{batch}"] = result["tok_s"]
                     metrics[f"target_only_step_ms_bs{batch}"] = result["step_ms"]
                     references[batch] = result["token_ids"]
+                    if idle_cpus is not None:
+                        with spinning(idle_cpus):
+                            result = run_config(stub, prompts, batch, args.max_new_tokens, 0)
+                        metrics[f"target_only_tok_s_bs{batch}_idle_cpus"] = result["tok_s"]
+                        metrics[f"target_only_step_ms_bs{batch}_idle_cpus"] = result["step_ms"]
+                        metrics[f"target_only_outputs_differ_bs{batch}_idle_cpus"] = sum(
+                            a != b for a, b in zip(result["token_ids"], references[batch]))
             if len(references) == 2:
                 metrics["target_only_outputs_differ_bs1_vs_bs8"] = sum(a != b for a, b in zip(*references.values()))
             draft_env = {"CUDA_VISIBLE_DEVICES": str(args.draft_gpu)} if args.draft_gpu is not None else {}
@@ -239,8 +259,25 @@ def main() -> None:
                             ids = result.pop("token_ids")
                             result["outputs_differ_from_reference"] = sum(a != b for a, b in zip(ids, reference))
                             details[name] = result
+                            if idle_cpus is not None and alpha == 0.8:
+                                with spinning(idle_cpus):
+                                    result = run_config(stub, prompts, batch, args.max_new_tokens, k, f"oracle-{alpha:g}")
+                                metrics[f"spec_tok_s_{name}_idle_cpus"] = result["tok_s"]
+                                ids = result.pop("token_ids")
+                                result["outputs_differ_from_reference"] = sum(a != b for a, b in zip(ids, reference))
+                                details[f"{name}_idle_cpus"] = result
         finally:
             trio.stop()
+            if idle_cpus is not None:
+                idle_cpus.close()
+    if args.idle_cpus_ab and "alpha0.8_k4_bs1_idle_cpus" in details:
+        fast = details["alpha0.8_k4_bs1_idle_cpus"]
+        metrics["draft_propose_ms_k4_idle_cpus"] = fast["draft_ms_per_step"]
+        metrics["target_verify_ms_k4_idle_cpus"] = fast["target_ms_per_step"]
+        metrics["rpc_overhead_fraction_idle_cpus"] = fast["rpc_overhead_fraction"]
+        for batch in batches:
+            metrics[f"spec_over_target_only_alpha0.8_k4_bs{batch}_idle_cpus"] = (
+                metrics[f"spec_tok_s_alpha0.8_k4_bs{batch}_idle_cpus"] / metrics[f"target_only_tok_s_bs{batch}_idle_cpus"])
     best = details["alpha0.8_k4_bs1"]
     metrics["draft_propose_ms_k4"] = best["draft_ms_per_step"]
     metrics["target_verify_ms_k4"] = best["target_ms_per_step"]
@@ -264,6 +301,15 @@ def main() -> None:
         metrics["hf_static_tok_s"] = metrics["hf_static_tok_s_bs1"]
         metrics["spec_over_hf_static_alpha0.8_k4_bs1"] = metrics["spec_tok_s_alpha0.8_k4"] / metrics["hf_static_tok_s"]
         write_report(args.out, metrics, details)
+
+
+@contextmanager
+def spinning(idle_cpus: IdleCpus):
+    idle_cpus.resume()
+    try:
+        yield
+    finally:
+        idle_cpus.pause()
 
 
 def ahead_counts(draft: str) -> tuple[int, int]:

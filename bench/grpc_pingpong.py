@@ -12,7 +12,9 @@ work per mode, and a plain grpc.aio ping-pong (no interceptors, bytes messages) 
 with the client's and the server's event loops left to sleep while idle, or kept spinning (a task
 that yields forever: `*_spin_client`, `*_spin_server`, `*_spin_both`) - a thread that sleeps
 through a step's wait pays its wake-up (and its core's idle state's exit) when the answer comes.
-Usage: python bench/grpc_pingpong.py [--work-ms 4.5] [--rounds 400] [--out PATH]
+`--idle-cpus` measures it all with a SCHED_IDLE spinner on every CPU (specdec/idle_cpus.py, what
+the services' --idle-poll runs while they serve), so no CPU halts while idle.
+Usage: python bench/grpc_pingpong.py [--work-ms 4.5] [--rounds 400] [--idle-cpus] [--out PATH]
 """
 from __future__ import annotations
 
@@ -34,6 +36,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 from report import save_report  # noqa: E402
 
 from gateway.backends import Proposal, TargetStream  # noqa: E402
+from specdec.idle_cpus import IdleCpus  # noqa: E402
 from specdec.serving import open_channel, serve_until_signal, start_server  # noqa: E402
 from specdec.v1 import target_pb2, target_pb2_grpc  # noqa: E402
 
@@ -135,11 +138,25 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=400)
     parser.add_argument("--serve", type=Path, help=argparse.SUPPRESS)  # the server process
     parser.add_argument("--spin", action="store_true", help=argparse.SUPPRESS)  # its loop spins
+    parser.add_argument("--idle-cpus", action="store_true", help="a SCHED_IDLE spinner on every CPU throughout")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "grpc_pingpong.json")
     args = parser.parse_args()
     if args.serve:
         serve(args.serve, args.spin)
         return
+    idle_cpus = IdleCpus() if args.idle_cpus else None
+    try:
+        if idle_cpus is not None:
+            idle_cpus.resume()
+        metrics = measure_all(args)
+    finally:
+        if idle_cpus is not None:
+            idle_cpus.close()
+    metrics["idle_cpus"] = float(args.idle_cpus)
+    save_report("grpc_pingpong", metrics, args.out)
+
+
+def measure_all(args: argparse.Namespace) -> dict[str, float]:
     work_us = int(args.work_ms * 1000)
     metrics = {"work_ms": args.work_ms, "plain_pingpong_us": asyncio.run(plain_pingpong_us(args.rounds))}
     with tempfile.TemporaryDirectory() as tmp:
@@ -162,7 +179,7 @@ def main() -> None:
             finally:
                 server.terminate()
                 server.wait(10)
-    save_report("grpc_pingpong", metrics, args.out)
+    return metrics
 
 
 if __name__ == "__main__":

@@ -144,7 +144,8 @@ def main() -> None:
         for alpha in args.alphas:
             drafts.add(f"oracle-{alpha:g}", OracleDrafter(inner, continuations, alpha))
         return await start_draft_server(drafts, args.host, args.port, args.ready_file,
-                                        busy_poll=busy_poll_of(args, config))
+                                        busy_poll=busy_poll_of(args.busy_poll, config),
+                                        idle_poll=busy_poll_of(args.idle_poll, config))
 
     asyncio.run(serve_until_signal(start))
 

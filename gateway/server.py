@@ -11,7 +11,7 @@ from gateway.config import GatewayConfig
 from gateway.driver import Driver
 from gateway.metrics import GatewayMetrics
 from gateway.servicer import GatewayServicer
-from specdec.busy_poll import BusyPoll, busy_poll_enabled
+from specdec.busy_poll import busy_poll_enabled, make_busy_poll
 from specdec.serving import RunningServer, serve_until_signal, start_server
 from specdec.tls import ServerTls, server_tls_config
 from specdec.v1 import gateway_pb2, gateway_pb2_grpc
@@ -22,14 +22,15 @@ SERVICE_NAME = gateway_pb2.DESCRIPTOR.services_by_name["Gateway"].full_name
 async def start_gateway_server(
     config: GatewayConfig, host: str = "127.0.0.1", port: int = 0, ready_file: Path | None = None,
     metrics_port: int | None = None, http_port: int | None = None, tls: ServerTls | None = None,
-    busy_poll: str = "off",
+    busy_poll: str = "off", idle_poll: str = "off",
 ) -> RunningServer:
     """Raises IncompatibleModelsError / ServiceUnavailableError before serving anything.
 
     `metrics_port` / `http_port`: serve Prometheus metrics / the OpenAI API there (0: a free port,
     None: not at all); the bound ports are on the returned server. `tls`: serve gRPC over TLS.
     `busy_poll`: a --busy-poll mode, whether the loop polls while one generation runs (gRPC or
-    HTTP; specdec/busy_poll.py); auto reads the target's device from its ModelInfo.
+    HTTP; specdec/busy_poll.py); auto reads the target's device from its ModelInfo. `idle_poll`: an
+    --idle-poll mode, whether the host's idle CPUs poll while any generation runs, by the same rule.
     """
     backends = Backends(config.target_address, config.draft_address, config.draft_step_timeout_s,
                         config.target_failover_timeout_s, config.backend_tls)
@@ -40,7 +41,8 @@ async def start_gateway_server(
         raise
     metrics = GatewayMetrics()
     # held per generation by the driver, so the OpenAI HTTP API's requests poll too
-    poll = BusyPoll() if busy_poll_enabled(busy_poll, backends.target_info.device) else None
+    device = backends.target_info.device
+    poll = make_busy_poll(busy_poll_enabled(busy_poll, device), busy_poll_enabled(idle_poll, device))
     driver = Driver(config, backends, tokenizer, metrics, poll)
     servicer = GatewayServicer(driver)
     http = None
@@ -76,4 +78,4 @@ async def start_gateway_server(
 def run(args: argparse.Namespace, config: GatewayConfig) -> None:
     asyncio.run(serve_until_signal(lambda: start_gateway_server(
         config, args.host, args.port, args.ready_file, args.metrics_port, args.http_port, server_tls_config(args),
-        args.busy_poll)))
+        args.busy_poll, args.idle_poll)))

@@ -20,6 +20,10 @@ service, where the model runs on a GPU: a CPU model's torch threads need every c
 machine polling made the tiny trio's steps 7-18x slower). The gateway goes by the target's device
 (ModelInfo.device): beside CPU models, as specdec-launch's default CPU trio on a many-core machine,
 a polling gateway would take a core from their torch threads.
+
+`--idle-poll` (same modes, same auto rule; off unless asked) keeps the host's idle CPUs from
+halting while any stream is open: a SCHED_IDLE spinner per CPU (specdec/idle_cpus.py), which wakes
+gRPC's own threads in time where the loop's polling cannot.
 """
 from __future__ import annotations
 
@@ -28,8 +32,17 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from specdec.idle_cpus import IdleCpus
+
 MODES = ("auto", "on", "off")
 MIN_CPUS = 8
+
+
+def make_busy_poll(loop: bool, idle_cpus: bool) -> BusyPoll | None:
+    """What a server holds per stream: its loop polling and/or the idle CPUs; None for neither."""
+    if not (loop or idle_cpus):
+        return None
+    return BusyPoll(loop, IdleCpus() if idle_cpus else None)
 
 
 def busy_poll_enabled(mode: str, model_device: str, num_cpus: int | None = None) -> bool:
@@ -45,9 +58,13 @@ def busy_poll_enabled(mode: str, model_device: str, num_cpus: int | None = None)
 class BusyPoll:
     """While held exactly once (holds are counted: one per open stream), a task on the running loop
     yields to it over and over, so the loop polls its selector with a zero timeout instead of
-    sleeping; a second holder stops it until one is left again (see the module doc)."""
+    sleeping; a second holder stops it until one is left again (see the module doc). With
+    `idle_cpus` (specdec/idle_cpus.py) the host's idle CPUs poll while it is held at all; with
+    `loop=False` only they do."""
 
-    def __init__(self) -> None:
+    def __init__(self, loop: bool = True, idle_cpus: IdleCpus | None = None) -> None:
+        self.loop = loop
+        self.idle_cpus = idle_cpus
         self.num_holders = 0
         self.num_polls = 0
         self._task: asyncio.Task | None = None
@@ -66,7 +83,19 @@ class BusyPoll:
     def is_polling(self) -> bool:
         return self._task is not None
 
+    def close(self) -> None:
+        """Stops the idle CPUs' spinners for good (at shutdown)."""
+        if self.idle_cpus is not None:
+            self.idle_cpus.close()
+
     def _update(self) -> None:
+        if self.idle_cpus is not None:
+            if self.num_holders:
+                self.idle_cpus.resume()
+            else:
+                self.idle_cpus.pause()
+        if not self.loop:
+            return
         if self.num_holders == 1 and self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._poll())
         elif self.num_holders != 1 and self._task is not None:

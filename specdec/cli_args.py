@@ -31,6 +31,10 @@ def add_server_args(parser: argparse.ArgumentParser, prefix: str, default_port: 
     parser.add_argument("--busy-poll", choices=BUSY_POLL_MODES, default=env("busy_poll", "auto"),
                         help="keep the event loop polling while exactly one stream is open (one busy core; a step's round "
                              "trips lose the wake-ups). auto: on with >= 8 CPUs and a CUDA model (the gateway: the target's)")
+    parser.add_argument("--idle-poll", choices=BUSY_POLL_MODES, default=env("idle_poll", "off"),
+                        help="keep the host's idle CPUs polling (a SCHED_IDLE spinner each) while any stream is open, so "
+                             "gRPC's threads wake without a halted CPU's delay (a VM's); off by default: it sped up "
+                             "target-only decoding on the H200 host, not speculation. auto: as --busy-poll")
 
 
 def add_runtime_args(parser: argparse.ArgumentParser, prefix: str, default_model: str,

@@ -18,7 +18,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import CollectorRegistry
 
-from specdec.busy_poll import BusyPoll
+from specdec.busy_poll import BusyPoll, make_busy_poll
 from specdec.errors import (
     CapacityError,
     IncompatibleModelsError,
@@ -199,7 +199,7 @@ class RunningServer:
     cleanup: Callable[[], Awaitable[None]] | None = None  # stops what the servicers use
     metrics: MetricsServer | None = None
     http_port: int | None = None  # the gateway's OpenAI-compatible HTTP port, when served
-    busy_poll: BusyPoll | None = None  # polls while one stream is open; None: the loop sleeps when idle
+    busy_poll: BusyPoll | None = None  # polls while streams are open; None: the loop and CPUs sleep when idle
 
     @property
     def metrics_port(self) -> int | None:
@@ -213,6 +213,8 @@ class RunningServer:
             await self.cleanup()
         if self.metrics is not None:
             self.metrics.stop()
+        if self.busy_poll is not None:
+            self.busy_poll.close()
 
 
 async def start_server(
@@ -228,6 +230,7 @@ async def start_server(
     max_receive_bytes: int = MAX_MESSAGE_BYTES,
     credentials: grpc.ServerCredentials | None = None,
     busy_poll: bool = False,
+    idle_poll: bool = False,
 ) -> RunningServer:
     """Starts an asyncio gRPC server with our services, grpc.health.v1 and reflection.
 
@@ -237,10 +240,11 @@ async def start_server(
     `metrics_registry` is served at http://HOST:PORT/metrics. A request message over
     `max_receive_bytes` is refused by gRPC with RESOURCE_EXHAUSTED. With `credentials` the port
     speaks TLS (specdec.tls), otherwise plaintext. `busy_poll`: the event loop polls instead of
-    sleeping while one streaming RPC of `service_names` runs (specdec/busy_poll.py).
+    sleeping while one streaming RPC of `service_names` runs (specdec/busy_poll.py); `idle_poll`: the
+    host's idle CPUs poll while any does (specdec/idle_cpus.py).
     """
     options = [*SERVER_OPTIONS, ("grpc.max_receive_message_length", max_receive_bytes)]
-    poll = BusyPoll() if busy_poll else None
+    poll = make_busy_poll(busy_poll, idle_poll)
     polling = [BusyPollInterceptor(poll, service_names)] if poll else []
     server = grpc.aio.server(interceptors=[*polling, RequestIdInterceptor(), *interceptors, ErrorInterceptor()],
                              options=options)

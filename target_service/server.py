@@ -24,9 +24,10 @@ async def start_target_server(
     config: TargetEngineConfig = TargetEngineConfig(),
     ready_file: Path | None = None, executor: ThreadPoolExecutor | None = None,
     metrics_port: int | None = None, tls: ServerTls | None = None, busy_poll: bool = False,
+    idle_poll: bool = False,
 ) -> RunningServer:
     """`metrics_port`: serve Prometheus metrics there (0: a free port; None: not at all); `tls`:
-    serve over TLS (mTLS when it names a client CA); `busy_poll`: specdec/busy_poll.py."""
+    serve over TLS (mTLS when it names a client CA); `busy_poll`, `idle_poll`: specdec/busy_poll.py."""
     engine = TargetEngine(runner, config, executor)
     registry, forward_metrics = engine_registry(
         "target", lambda: [EngineSource({}, engine.stats(), runner.description, runner)])
@@ -37,7 +38,7 @@ async def start_target_server(
         lambda server: target_pb2_grpc.add_TargetServiceServicer_to_server(servicer, server),
         [SERVICE_NAME], host, port, ready_file, cleanup=engine.stop,
         metrics_registry=registry, metrics_port=metrics_port, credentials=tls.credentials() if tls else None,
-        busy_poll=busy_poll,
+        busy_poll=busy_poll, idle_poll=idle_poll,
     )
 
 
@@ -46,7 +47,8 @@ def run(args: argparse.Namespace, config: RuntimeConfig) -> None:
     executor = torch_thread()
     runner = executor.submit(ModelRunner, config).result()  # load on the thread that will run it
     busy_poll = busy_poll_enabled(args.busy_poll, runner.device.type)
+    idle_poll = busy_poll_enabled(args.idle_poll, runner.device.type)
     asyncio.run(serve_until_signal(
         lambda: start_target_server(runner, args.host, args.port, engine_config, args.ready_file, executor,
-                                    args.metrics_port, server_tls_config(args), busy_poll)
+                                    args.metrics_port, server_tls_config(args), busy_poll, idle_poll)
     ))
