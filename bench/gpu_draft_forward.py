@@ -10,6 +10,8 @@ draft's captured loop at batch 1 and 8 (host sync included). The levers:
   * splitN  narrow products of a long K split in N K ranges (engine/triton_linear.SPLIT_K; `split1`
             or none: not split); `mink2048`: every narrow product (SPLIT_K_MIN_K), not only the
             down projections
+  * qkvrope the QKV product with rotary and the cache write in its epilogue (engine/fused_stages.QKV_ROPE;
+            not in the default list: `--variants int8_32k_pdl_split4 int8_32k_pdl_split4_qkvrope` A/Bs it)
 For the first and the last variant, a kernel census of one decode replay (torch.profiler): kernels,
 the sum of their durations against the replay's time (the rest is gaps between kernels), and the
 costliest. Also whether each variant's decode logits pick the same top token as
@@ -31,7 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "bench"), str(ROOT / "tests")]
 
 from engine import model_runner  # noqa: E402
-from engine import pdl, triton_linear  # noqa: E402
+from engine import fused_stages, pdl, triton_linear  # noqa: E402
 from engine.batch import StepInput  # noqa: E402
 from engine.cuda_graphs import GraphConfig  # noqa: E402
 from engine.model_runner import ModelRunner, RuntimeConfig  # noqa: E402
@@ -61,11 +63,13 @@ def settings(name: str) -> dict:
         "pdl": "pdl" in parts,
         "split_k": split,
         "split_k_min_k": 2048 if "mink2048" in parts else 8192,
+        "qkv_rope": "qkvrope" in parts,
     }
 
 
 def build(hf, setting: dict) -> ModelRunner:
     pdl.ENABLED = setting["pdl"]
+    fused_stages.QKV_ROPE = setting["qkv_rope"]
     triton_linear.SPLIT_K, triton_linear.SPLIT_K_MIN_K = setting["split_k"], setting["split_k_min_k"]
     model_runner.CUDA_MIN_INT8_OUT_FEATURES = setting["min_int8_out"]
     full_head = hf.lm_head

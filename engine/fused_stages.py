@@ -4,7 +4,8 @@ Per layer, seven kernels around attention instead of a dozen:
 
   x        = rms_norm(hidden)                           (engine/triton_norm.py)
   qkv      = skinny_linear(x)                           (engine/triton_linear.py)
-  q        = rope_and_write_kv(qkv)                     (engine/triton_rope.py: rotary + cache write)
+  q        = rope_and_write_kv(qkv)                     (engine/triton_rope.py: rotary + cache write;
+                                                         with QKV_ROPE both in the product's epilogue)
   attn     = attention(q, cache)
   hidden  += skinny_linear(attn)                        (o_proj, residual fused)
   x        = rms_norm(hidden)
@@ -29,6 +30,8 @@ rows.
 """
 from __future__ import annotations
 
+import os
+
 import torch
 from torch import nn
 
@@ -37,9 +40,14 @@ from engine.llama import CausalLM, DecoderLayer, LayerStages
 from engine.subset_head import SubsetLMHead
 from engine.triton_linear import skinny_linear, split_counters
 from engine.triton_norm import rms_norm_triton
-from engine.triton_rope import rope_and_write_kv
+from engine.triton_rope import qkv_rope_and_write_kv, qkv_rope_block_n, rope_and_write_kv
 
 CPU_MAX_ROWS = 16
+# The QKV product with rotary and the cache write in its epilogue (engine/triton_rope.py): one kernel a
+# layer fewer, the same values. SPECDEC_QKV_ROPE=1 or 0; unset, off: the draft service turns it on
+# (draft_service/cli.py; a 1B decode replay 0.830 -> 0.786 ms, a k = 4 proposal 3.93 -> 3.74 ms, the same
+# logits' bits, bench/results/gpu_draft_forward_qkv_rope.json); the 8B target is not measured with it yet.
+QKV_ROPE = os.environ.get("SPECDEC_QKV_ROPE", "0") == "1"
 AUTO_MAX_ROWS = 16  # one row tile of the skinny linear (engine/triton_linear.py)
 
 
@@ -57,8 +65,14 @@ class FusedStages(LayerStages):
                          k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> torch.Tensor:
         if not self._is_fused_step(hidden):
             return super().attention_inputs(layer, hidden, cos, sin, k_cache, v_cache, slot_mapping)
-        qkv = self._product(rms_norm_triton(hidden, layer.input_norm, layer.eps), layer.qkv)
-        return rope_and_write_kv(qkv, cos, sin, k_cache, v_cache, slot_mapping, layer.shape)
+        x = rms_norm_triton(hidden, layer.input_norm, layer.eps)
+        qkv = layer.qkv
+        int8 = isinstance(qkv, Int8Linear)
+        weight = qkv.qweight if int8 else qkv.weight
+        if QKV_ROPE and qkv_rope_block_n(weight, layer.shape, int8) is not None:
+            return qkv_rope_and_write_kv(x, weight, qkv.bias, cos, sin, k_cache, v_cache, slot_mapping, layer.shape,
+                                         scale=qkv.scale if int8 else None)
+        return rope_and_write_kv(self._product(x, qkv), cos, sin, k_cache, v_cache, slot_mapping, layer.shape)
 
     def attention_output(self, layer: DecoderLayer, hidden: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
         if not self._is_fused_step(hidden):

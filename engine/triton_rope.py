@@ -4,6 +4,14 @@ rotated queries and the paged cache (instead of a split, two rotations and two s
 One program per token: it rotates the token's query heads into `q`, and its key heads (rotated)
 and value heads into the cache slot `slot_mapping` names. `rope_and_write_kv_reference` is the
 same in PyTorch.
+
+`qkv_rope_and_write_kv` goes one kernel further: the QKV product itself (the skinny linear's
+strip product, engine/triton_linear.py) with the rotation and the cache write in its epilogue, so
+the QKV activations never reach memory. A program's strip of W pairs each query or key dimension
+p with its rotation partner p + D/2 (rows gathered, not a re-laid-out weight), so the rotation has
+both halves in its tile; value strips are stored as they are. Its rounding is the two kernels'
+(the product rounded to the activations' dtype, then rotated in float32), so the results are the
+same values. engine/fused_stages.QKV_ROPE turns it on (the draft service's default).
 """
 from __future__ import annotations
 
@@ -14,6 +22,7 @@ import triton.language as tl
 from engine import pdl
 from engine.attention import write_kv
 from engine.llama import ModelShape, apply_rope
+from engine.triton_linear import BLOCK_M, launch_config, strip_product
 
 
 @triton.jit
@@ -103,4 +112,113 @@ def rope_and_write_kv_reference(qkv: torch.Tensor, cos: torch.Tensor, sin: torch
     q = apply_rope(q.view(-1, shape.num_heads, shape.head_dim), cos, sin)
     k = apply_rope(k.view(-1, shape.num_kv_heads, shape.head_dim), cos, sin)
     write_kv(k, v.view(-1, shape.num_kv_heads, shape.head_dim), k_cache, v_cache, slot_mapping)
+    return q
+
+
+@triton.jit
+def _qkv_rope_write_kv_kernel(
+    x_ptr, w_ptr, bias_ptr, scale_ptr, cos_ptr, sin_ptr, slot_ptr, q_ptr, k_cache_ptr, v_cache_ptr,
+    M, K, stride_xm, stride_wn, stride_cos, stride_sin, stride_q, stride_slot,
+    NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
+    HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, EVEN_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    USE_PDL: tl.constexpr,
+):
+    if USE_PDL:  # engine/pdl.py
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    HALF: tl.constexpr = HEAD_DIM // 2
+    PAIRS: tl.constexpr = BLOCK_N // 2
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = rows < M
+    col0 = tl.program_id(1) * BLOCK_N  # the strip's first column of the QKV output; one head's
+    head = col0 // HEAD_DIM  # of the H query, KVH key and KVH value heads, in that order
+    offset = col0 % HEAD_DIM
+    j = tl.arange(0, BLOCK_N)
+    rotated = head < NUM_HEADS + NUM_KV_HEADS
+    pair = offset // 2 + j // 2  # a rotated strip: columns (p, p + HALF) side by side
+    w_rows = tl.where(rotated, head * HEAD_DIM + pair + (j % 2) * HALF, col0 + j)
+    acc = strip_product(x_ptr, w_ptr, rows, w_rows, row_ok, j < BLOCK_N, K, stride_xm, stride_wn, 0, K,
+                        HAS_SCALE, EVEN_K, BLOCK_M, BLOCK_N, BLOCK_K, DOT_PRECISION)
+    if HAS_SCALE:
+        acc *= tl.load(scale_ptr + w_rows).to(tl.float32)[None, :]
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + w_rows).to(tl.float32)[None, :]
+    dtype = q_ptr.dtype.element_ty
+    y = acc.to(dtype)  # the QKV product's own rounding
+    slot = tl.load(slot_ptr + rows, mask=row_ok, other=0).to(tl.int64)
+    if rotated:
+        x1, x2 = tl.split(tl.reshape(y.to(tl.float32), [BLOCK_M, PAIRS, 2]))
+        p = offset // 2 + tl.arange(0, PAIRS)[None, :]
+        r = rows[:, None].to(tl.int64)
+        mask = row_ok[:, None] & (p < HALF)
+        cos1 = tl.load(cos_ptr + r * stride_cos + p, mask=mask, other=0.0).to(tl.float32)
+        cos2 = tl.load(cos_ptr + r * stride_cos + HALF + p, mask=mask, other=0.0).to(tl.float32)
+        sin1 = tl.load(sin_ptr + r * stride_sin + p, mask=mask, other=0.0).to(tl.float32)
+        sin2 = tl.load(sin_ptr + r * stride_sin + HALF + p, mask=mask, other=0.0).to(tl.float32)
+        out1 = (x1 * cos1 - x2 * sin1).to(dtype)
+        out2 = (x2 * cos2 + x1 * sin2).to(dtype)
+        if head < NUM_HEADS:
+            dst = q_ptr + r * stride_q + head * HEAD_DIM + p
+        else:
+            dst = k_cache_ptr + slot[:, None] * stride_slot + (head - NUM_HEADS) * HEAD_DIM + p
+        tl.store(dst, out1, mask=mask)
+        tl.store(dst + HALF, out2, mask=mask)
+    else:
+        value_head = head - NUM_HEADS - NUM_KV_HEADS
+        v_dst = v_cache_ptr + slot[:, None] * stride_slot + value_head * HEAD_DIM + offset + j[None, :]
+        tl.store(v_dst, y, mask=row_ok[:, None])  # (a name of its own: a branch's names keep one shape)
+
+
+def qkv_rope_block_n(weight: torch.Tensor, shape: ModelShape, int8: bool = False) -> int | None:
+    """The strip width the fused kernel would use for this QKV weight, or None where it cannot take
+    it (a strip must lie within one head and hold whole rotation pairs)."""
+    config = launch_config(weight.shape[0], weight.shape[1], int8=int8)
+    if config.split_k != 1 or shape.head_dim % config.block_n != 0:
+        return None
+    return config.block_n
+
+
+def qkv_rope_and_write_kv(
+    x: torch.Tensor,  # [T, hidden] the normed hidden states
+    weight: torch.Tensor,  # [(H + 2 * KVH) * D, hidden] the fused QKV projection (int8 with `scale`)
+    bias: torch.Tensor | None,  # [(H + 2 * KVH) * D]
+    cos: torch.Tensor,  # [T, D]
+    sin: torch.Tensor,  # [T, D]
+    k_cache: torch.Tensor,  # [num_blocks, block_size, KVH, D]
+    v_cache: torch.Tensor,  # [num_blocks, block_size, KVH, D]
+    slot_mapping: torch.Tensor,  # [T] flat slot per token
+    shape: ModelShape,
+    *,
+    scale: torch.Tensor | None = None,  # [(H + 2 * KVH) * D] int8 rows' scales
+) -> torch.Tensor:  # [T, H, D] rotated queries
+    """`rope_and_write_kv(skinny_linear(x, weight, bias, scale=scale), ...)` in one kernel (see the
+    module doc). Asserting host wrapper."""
+    num_tokens, hidden = x.shape
+    heads, kv_heads, head_dim = shape.num_heads, shape.num_kv_heads, shape.head_dim
+    n = (heads + 2 * kv_heads) * head_dim
+    assert weight.shape == (n, hidden) and x.stride(1) == 1 and weight.stride(1) == 1
+    assert (scale is None and weight.dtype == x.dtype) or (weight.dtype == torch.int8 and scale.shape == (n,))
+    assert bias is None or bias.shape == (n,)
+    assert cos.shape == sin.shape == (num_tokens, head_dim) and cos.stride(1) == sin.stride(1) == 1
+    assert k_cache.shape == v_cache.shape and k_cache.shape[2:] == (kv_heads, head_dim)
+    assert k_cache.is_contiguous() and v_cache.is_contiguous() and k_cache.dtype == x.dtype
+    assert slot_mapping.shape == (num_tokens,)
+    block_n = qkv_rope_block_n(weight, shape, int8=scale is not None)
+    assert block_n is not None, f"head_dim {head_dim} does not take the fused QKV kernel's strips"
+    config = launch_config(n, hidden, int8=scale is not None)
+    q = torch.empty((num_tokens, heads, head_dim), dtype=x.dtype, device=x.device)
+    if num_tokens == 0:
+        return q
+    _qkv_rope_write_kv_kernel[(triton.cdiv(num_tokens, BLOCK_M), n // block_n)](
+        x, weight, bias if bias is not None else x, scale if scale is not None else x,
+        cos, sin, slot_mapping, q, k_cache, v_cache,
+        num_tokens, hidden, x.stride(0), weight.stride(0), cos.stride(0), sin.stride(0), q.stride(0),
+        kv_heads * head_dim,
+        NUM_HEADS=heads, NUM_KV_HEADS=kv_heads, HEAD_DIM=head_dim,
+        HAS_BIAS=bias is not None, HAS_SCALE=scale is not None, EVEN_K=hidden % config.block_k == 0,
+        BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_K=config.block_k,
+        DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+        num_warps=config.num_warps, num_stages=config.num_stages, **pdl.launch_options(x.device),
+    )
     return q

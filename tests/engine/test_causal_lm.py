@@ -5,6 +5,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from engine import fused_stages, triton_rope
 from engine.batch import StepInput
 from engine.linear import Int8Linear, dequantize_int8
 from engine.model_runner import ModelRunner, RuntimeConfig
@@ -58,6 +59,23 @@ def test_fused_layer_kernels_compute_the_reference_logits(model_dir):
     rows than a kernel tile) takes the reference stages in both runners."""
     reference, fused = (_decode_and_verify_logits(model_dir, kernels) for kernels in ("reference", "fused"))
     torch.testing.assert_close(fused, reference, atol=1e-4, rtol=1e-4)
+
+
+def test_the_qkv_product_with_rotary_in_its_epilogue_gives_the_same_logits(model_dir, monkeypatch):
+    """engine/fused_stages.QKV_ROPE: the QKV product, the rotation and the cache write in one kernel
+    (engine/triton_rope.qkv_rope_and_write_kv) give the fused stages' logits, the same values."""
+    apart = _decode_and_verify_logits(model_dir, "fused")
+    calls = []
+
+    def counted(*args, **kwargs):
+        calls.append(args[0].shape[0])
+        return triton_rope.qkv_rope_and_write_kv(*args, **kwargs)
+
+    monkeypatch.setattr(fused_stages, "QKV_ROPE", True)
+    monkeypatch.setattr(fused_stages, "qkv_rope_and_write_kv", counted)
+    together = _decode_and_verify_logits(model_dir, "fused")
+    assert calls and set(calls) == {1, 5}  # every layer's decode and verify took it; the prefill did not
+    assert torch.equal(together, apart)
 
 
 def _decode_and_verify_logits(model_dir, layer_kernels: str, num_prefill: int = 24, loaded: LoadedModel | None = None,

@@ -1,14 +1,23 @@
-"""The Triton rotary + KV-write kernel equals its PyTorch reference: fp32 under TRITON_INTERPRET=1 on
-CPU, bf16 on the GPU."""
+"""The Triton rotary + KV-write kernel equals its PyTorch reference, and the QKV product with both in
+its epilogue equals the two kernels: fp32 under TRITON_INTERPRET=1 on CPU, bf16 on the GPU."""
 from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 
+from engine.linear import Int8Linear
 from engine.llama import ModelShape
-from engine.triton_rope import rope_and_write_kv, rope_and_write_kv_reference
+from engine.triton_linear import skinny_linear
+from engine.triton_rope import qkv_rope_and_write_kv, qkv_rope_block_n, rope_and_write_kv, rope_and_write_kv_reference
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _run(fn, shape: ModelShape, num_tokens: int, dtype: torch.dtype):
@@ -38,3 +47,99 @@ def test_kernel_matches_reference(shape, num_tokens):
     tolerance = dict(atol=2e-2, rtol=2e-2) if dtype == torch.bfloat16 else dict(atol=1e-6, rtol=1e-6)
     for a, b in zip(got, expected):  # queries, K cache (written slots only; the rest stays zero), V cache
         torch.testing.assert_close(a.float(), b.float(), **tolerance)
+
+
+FUSED_SHAPES = [  # (shape, hidden): K masked (64 of a 128 block) and even (256)
+    (ModelShape(num_layers=1, num_heads=4, num_kv_heads=2, head_dim=16, vocab_size=0), 64),
+    (ModelShape(num_layers=1, num_heads=6, num_kv_heads=2, head_dim=48, vocab_size=0), 64),  # 3 strips a head
+    (ModelShape(num_layers=1, num_heads=2, num_kv_heads=1, head_dim=32, vocab_size=0), 256),
+]
+
+
+def _fused_inputs(shape: ModelShape, hidden: int, num_tokens: int, dtype: torch.dtype, bias: bool, int8: bool):
+    torch.manual_seed(num_tokens + hidden)
+    n = (shape.num_heads + 2 * shape.num_kv_heads) * shape.head_dim
+    x = torch.randn(num_tokens, hidden, device=DEVICE).to(dtype)
+    weight = (torch.randn(n, hidden, device=DEVICE) / hidden**0.5).to(dtype)
+    scale = None
+    if int8:  # int8 rows and their scales (engine/linear.Int8Linear)
+        quantized = Int8Linear(SimpleNamespace(weight=weight, bias=None))
+        weight, scale = quantized.qweight, quantized.scale
+    b = torch.randn(n, device=DEVICE).to(dtype) if bias else None
+    angles = torch.rand(num_tokens, shape.head_dim // 2, device=DEVICE) * 6
+    cos = torch.cat([angles.cos(), angles.cos()], dim=-1).to(dtype)
+    sin = torch.cat([angles.sin(), angles.sin()], dim=-1).to(dtype)
+    slots = torch.randperm(32, device=DEVICE)[:num_tokens]
+    return x, weight, b, scale, cos, sin, slots
+
+
+def _caches(shape: ModelShape, dtype: torch.dtype):
+    k_cache = torch.zeros(8, 4, shape.num_kv_heads, shape.head_dim, device=DEVICE, dtype=dtype)
+    return k_cache, torch.zeros_like(k_cache)
+
+
+@pytest.mark.parametrize(("shape", "hidden"), FUSED_SHAPES)
+@pytest.mark.parametrize("num_tokens", [1, 5, 17])
+@pytest.mark.parametrize(("bias", "int8"), [(False, False), (True, False), (False, True)])
+def test_the_qkv_product_with_rotary_in_its_epilogue_equals_the_product_then_the_rope_kernel(
+        shape, hidden, num_tokens, bias, int8):
+    dtype = torch.bfloat16 if DEVICE == "cuda" else torch.float32
+    x, weight, b, scale, cos, sin, slots = _fused_inputs(shape, hidden, num_tokens, dtype, bias, int8)
+    k_fused, v_fused = _caches(shape, dtype)
+    q_fused = qkv_rope_and_write_kv(x, weight, b, cos, sin, k_fused, v_fused, slots, shape, scale=scale)
+    k_two, v_two = _caches(shape, dtype)
+    qkv = skinny_linear(x, weight, b, scale=scale)
+    q_two = rope_and_write_kv(qkv, cos, sin, k_two, v_two, slots, shape)
+    for fused, two in ((q_fused, q_two), (k_fused, k_two), (v_fused, v_two)):
+        torch.testing.assert_close(fused, two, atol=0, rtol=0)  # the same roundings: the same values
+
+
+def test_each_token_of_the_fused_qkv_kernel_is_computed_as_if_alone():
+    shape, hidden = FUSED_SHAPES[1]
+    dtype = torch.bfloat16 if DEVICE == "cuda" else torch.float32
+    x, weight, b, scale, cos, sin, slots = _fused_inputs(shape, hidden, 9, dtype, True, False)
+    k_all, v_all = _caches(shape, dtype)
+    q_all = qkv_rope_and_write_kv(x, weight, b, cos, sin, k_all, v_all, slots, shape)
+    # on CPU the interpreter's dot is numpy's matmul, which rounds rows 8-15 of a 16-row tile apart
+    # from rows 0-7 (the skinny linear's own products differ there too); the GPU's tensor cores do not
+    for t in (0, 4, 8) if DEVICE == "cuda" else (0, 2, 5):
+        k_one, v_one = _caches(shape, dtype)
+        q_one = qkv_rope_and_write_kv(x[t:t + 1], weight, b, cos[t:t + 1], sin[t:t + 1], k_one, v_one,
+                                      slots[t:t + 1], shape)
+        assert torch.equal(q_one[0], q_all[t])
+        slot = int(slots[t])
+        assert torch.equal(k_one.flatten(0, 1)[slot], k_all.flatten(0, 1)[slot])
+        assert torch.equal(v_one.flatten(0, 1)[slot], v_all.flatten(0, 1)[slot])
+
+
+def test_a_head_dim_narrower_than_a_strip_is_not_taken_by_the_fused_qkv_kernel():
+    shape = ModelShape(num_layers=1, num_heads=3, num_kv_heads=3, head_dim=8, vocab_size=0)
+    weight = torch.zeros(9 * 8, 64)
+    assert qkv_rope_block_n(weight, shape) is None
+    assert qkv_rope_block_n(torch.zeros(8 * 16, 64), FUSED_SHAPES[0][0]) == 16
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("shape", "hidden"), [
+    (ModelShape(num_layers=1, num_heads=32, num_kv_heads=8, head_dim=64, vocab_size=0), 2048),  # Llama-3.2-1B
+    (ModelShape(num_layers=1, num_heads=32, num_kv_heads=8, head_dim=128, vocab_size=0), 4096),  # Llama-3.1-8B
+])
+@pytest.mark.parametrize("num_tokens", [1, 5, 16])
+def test_the_fused_qkv_kernel_gives_the_two_kernels_bits_in_bf16_at_llama_shapes(shape, hidden, num_tokens):
+    """On the H200: the same values as the QKV product then the rope kernel, in bfloat16 (where an
+    FMA contracted differently would show), for every token."""
+    x, weight, b, scale, cos, sin, slots = _fused_inputs(shape, hidden, num_tokens, torch.bfloat16, False, False)
+    k_fused, v_fused = _caches(shape, torch.bfloat16)
+    q_fused = qkv_rope_and_write_kv(x, weight, b, cos, sin, k_fused, v_fused, slots, shape)
+    k_two, v_two = _caches(shape, torch.bfloat16)
+    q_two = rope_and_write_kv(skinny_linear(x, weight, b), cos, sin, k_two, v_two, slots, shape)
+    assert torch.equal(q_fused, q_two) and torch.equal(k_fused, k_two) and torch.equal(v_fused, v_two)
+
+
+@pytest.mark.parametrize(("env", "on"), [({}, False), ({"SPECDEC_QKV_ROPE": "1"}, True), ({"SPECDEC_QKV_ROPE": "0"}, False)])
+def test_the_fused_qkv_kernel_is_switched_by_the_environment(env, on):
+    """Off unless SPECDEC_QKV_ROPE=1, which the draft service sets unless told otherwise (draft_service/cli.py)."""
+    environ = {k: v for k, v in os.environ.items() if k != "SPECDEC_QKV_ROPE"} | env
+    out = subprocess.run([sys.executable, "-c", "import engine.fused_stages as f; print(f.QKV_ROPE)"],
+                         cwd=ROOT, env=environ, stdout=subprocess.PIPE, text=True, check=True).stdout
+    assert out.strip() == str(on)
