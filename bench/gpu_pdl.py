@@ -1,11 +1,14 @@
-"""H200 A/B of programmatic dependent launch (engine/pdl.py) in the graph steps of the fused layer
-kernels: random-weight Llama-3.1-8B (target) and Llama-3.2-1B (draft) shapes, bf16, prompt 512.
+"""H200 A/B of a switch of the fused layer kernels' graph steps: programmatic dependent launch
+(engine/pdl.py, the default `--lever pdl`) or the QKV product with rotary in its epilogue
+(`--lever qkv_rope`, engine/fused_stages.QKV_ROPE); random-weight Llama-3.1-8B (target) and
+Llama-3.2-1B (draft) shapes, bf16, prompt 512.
 
-For each shape and each setting (PDL off, then on; the same process, the graphs captured afresh):
+For each shape and each setting (off, then on; the same process, the graphs captured afresh):
 the device time of a batch-1 decode replay (q = 1) and verify replay (q = 5), the wall time of a
 k = 4 greedy proposal through the draft's captured loop (1B, host sync included), and whether the
-logits of a decode and a verify are the same bits either way. Writes bench/results/gpu_pdl.json.
-Usage: python bench/gpu_pdl.py [--out PATH]
+logits of a decode and a verify are the same bits either way. Writes bench/results/gpu_pdl.json
+(gpu_qkv_rope.json for that lever).
+Usage: python bench/gpu_pdl.py [--lever pdl|qkv_rope] [--out PATH]
 """
 from __future__ import annotations
 
@@ -20,7 +23,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "bench"), str(ROOT / "tests")]
 
-from engine import pdl  # noqa: E402
+from engine import fused_stages, pdl  # noqa: E402
 from engine.batch import StepInput  # noqa: E402
 from engine.draft_loop import DraftLoop, LoopConfig  # noqa: E402
 from engine.model_runner import ModelRunner, RuntimeConfig  # noqa: E402
@@ -68,8 +71,10 @@ def measure(hf, name: str, layer_kernels: str) -> tuple[dict[str, float], list[t
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "gpu_pdl.json")
+    parser.add_argument("--lever", choices=["pdl", "qkv_rope"], default="pdl")
+    parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
+    out = args.out or ROOT / "bench" / "results" / f"gpu_{args.lever}.json"
     torch.manual_seed(0)
     metrics: dict[str, float] = {}
     for name, (shape, layer_kernels) in SHAPES.items():
@@ -77,10 +82,13 @@ def main() -> None:
             hf = AutoModelForCausalLM.from_config(LlamaConfig(**shape), dtype=torch.bfloat16).eval()
         results = {}
         for setting in ("off", "on", "off2", "on2"):  # twice each, alternating: the figures' spread
-            pdl.ENABLED = setting.startswith("on")
+            if args.lever == "pdl":
+                pdl.ENABLED = setting.startswith("on")
+            else:
+                fused_stages.QKV_ROPE = setting.startswith("on")
             results[setting] = measure(hf, name, layer_kernels)
             for key, value in results[setting][0].items():
-                metrics[f"{name}_{key}_pdl_{setting}"] = value
+                metrics[f"{name}_{key}_{args.lever}_{setting}"] = value
             print(name, setting, results[setting][0], flush=True)
         metrics[f"{name}_same_bits"] = float(all(torch.equal(a, b) for a, b in zip(results["off"][1], results["on"][1])))
         for key in results["off"][0]:
@@ -90,7 +98,7 @@ def main() -> None:
         del hf
         gc.collect()
         torch.cuda.empty_cache()
-    save_report("gpu_pdl", metrics, args.out)
+    save_report(f"gpu_{args.lever}", metrics, out)
 
 
 if __name__ == "__main__":
