@@ -99,7 +99,9 @@ def strip_product(x_ptr, w_ptr, rows, w_rows, row_ok, col_ok, K, stride_xm, stri
                   BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """float32 [BLOCK_M, BLOCK_N]: x's `rows` times W's rows `w_rows` (any BLOCK_N of them, each
     contiguous along K) over the K range from `k_first`, streamed through the software pipeline.
-    `EVEN`: no masks (every W row exists, K a multiple of BLOCK_K)."""
+    `EVEN`: no masks (every W row exists, K a multiple of BLOCK_K). The fused QKV-rotary kernel's
+    loop (engine/triton_rope.py); _skinny_linear_kernel keeps its own copy of these lines: called
+    from there, this changed its machine code (PTX), which the H200 figures were measured without."""
     offs_k = tl.arange(0, BLOCK_K)
     dtype = x_ptr.dtype.element_ty
     x_rows = x_ptr + rows[:, None].to(tl.int64) * stride_xm
@@ -141,12 +143,25 @@ def _skinny_linear_kernel(
         tl.extra.cuda.gdc_launch_dependents()
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
     row_ok = rows < M
     col_ok = cols < N
     dtype = x_ptr.dtype.element_ty
+    x_rows = x_ptr + rows[:, None].to(tl.int64) * stride_xm
+    w_cols = w_ptr + cols[:, None].to(tl.int64) * stride_wn
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     k_first = tl.program_id(2) * k_per_split  # this program's K range (all of K without a split)
-    acc = strip_product(x_ptr, w_ptr, rows, cols, row_ok, col_ok, K, stride_xm, stride_wn, k_first, k_per_split,
-                        HAS_SCALE, EVEN_K and EVEN_N, BLOCK_M, BLOCK_N, BLOCK_K, DOT_PRECISION)
+    for k0 in range(k_first, tl.minimum(K, k_first + k_per_split), BLOCK_K):
+        k = k0 + offs_k
+        k_ok = k < K
+        if EVEN_K and EVEN_N:
+            w = tl.load(w_cols + k[None, :])
+        else:
+            w = tl.load(w_cols + k[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
+        if HAS_SCALE:  # int8 values are exact in bf16, fp16 and float32
+            w = w.to(dtype)
+        a = tl.load(x_rows + k[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+        acc += tl.dot(a, tl.trans(w), input_precision=DOT_PRECISION)
     if SPLIT_K > 1:  # the partial sums to the workspace; the strip's last program adds them, in K order
         tile_mask = row_ok[:, None] & col_ok[None, :]
         parts = part_ptr + rows[:, None].to(tl.int64) * N + cols[None, :]

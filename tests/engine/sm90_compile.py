@@ -1,0 +1,64 @@
+"""Compiles the fused kernels for the H200 (sm_90) on a machine without a GPU: Triton's frontend and
+ptxas, so the errors the CPU interpreter does not raise (a branch's names of two shapes, say) show up
+in CI. Run as a script without TRITON_INTERPRET (tests/engine/test_triton_compile.py does); prints
+each kernel's name and PTX size."""
+from __future__ import annotations
+
+import inspect
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+from engine import triton_attention, triton_linear, triton_norm, triton_rope  # noqa: E402
+
+TARGET = GPUTarget("cuda", 90, 32)
+BF16 = "*bf16"
+
+
+def compile_sm90(kernel, pointers: dict[str, str], constexprs: dict) -> int:
+    """PTX bytes of `kernel` with `pointers` (name -> Triton pointer type; other runtime args i32/fp32)."""
+    names = list(inspect.signature(kernel.fn).parameters)
+    signature = {n: "constexpr" if n in constexprs else pointers.get(n, "fp32" if n == "scale" else "i32")
+                 for n in names}  # (attention's `scale` is its softmax scale)
+    source = ASTSource(kernel, signature, constexprs={(names.index(n),): v for n, v in constexprs.items()})
+    return len(triton.compile(source, target=TARGET, options={"num_warps": 4, "num_stages": 3}).asm["ptx"])
+
+
+def main() -> None:
+    linear = {n: BF16 for n in ("x_ptr", "w_ptr", "out_ptr", "bias_ptr", "res_ptr", "scale_ptr")} | \
+        {"part_ptr": "*fp32", "count_ptr": "*i32"}
+    for split, silu, int8 in ((1, False, False), (1, True, True), (4, False, False)):
+        size = compile_sm90(triton_linear._skinny_linear_kernel, linear | ({"w_ptr": "*i8"} if int8 else {}), dict(
+            SPLIT_K=split, SILU_MUL=silu, HAS_BIAS=False, HAS_RESIDUAL=not silu, HAS_SCALE=int8, EVEN_K=True,
+            EVEN_N=True, BLOCK_M=16, BLOCK_N=16, BLOCK_K=256, DOT_PRECISION="tf32", USE_PDL=True))
+        print(f"skinny_linear split={split} silu_mul={silu} int8={int8}: {size}")
+    rope = {n: BF16 for n in ("qkv_ptr", "cos_ptr", "sin_ptr", "q_ptr", "k_cache_ptr", "v_cache_ptr")} | {"slot_ptr": "*i64"}
+    for head_dim in (64, 128):
+        size = compile_sm90(triton_rope._rope_write_kv_kernel, rope, dict(
+            NUM_HEADS=32, NUM_KV_HEADS=8, HEAD_DIM=head_dim, BLOCK_H=32, BLOCK_KVH=8, BLOCK_HALF=head_dim // 2,
+            BLOCK_D=head_dim, USE_PDL=True))
+        print(f"rope_write_kv head_dim={head_dim}: {size}")
+    fused = {n: BF16 for n in ("x_ptr", "w_ptr", "bias_ptr", "scale_ptr", "cos_ptr", "sin_ptr", "q_ptr", "k_cache_ptr",
+                               "v_cache_ptr")} | {"slot_ptr": "*i64"}
+    for head_dim, block_n, int8 in ((64, 16, False), (128, 32, False), (64, 16, True)):
+        size = compile_sm90(triton_rope._qkv_rope_write_kv_kernel, fused | ({"w_ptr": "*i8"} if int8 else {}), dict(
+            NUM_HEADS=32, NUM_KV_HEADS=8, HEAD_DIM=head_dim, HAS_BIAS=True, HAS_SCALE=int8, EVEN_K=True, BLOCK_M=16,
+            BLOCK_N=block_n, BLOCK_K=256, DOT_PRECISION="tf32", USE_PDL=True))
+        print(f"qkv_rope_write_kv head_dim={head_dim} int8={int8}: {size}")
+    norm = {"x_ptr": BF16, "w_ptr": BF16, "out_ptr": BF16, "eps": "fp32"}
+    print("rms_norm:", compile_sm90(triton_norm._rms_norm_kernel, norm, dict(BLOCK_K=2048, USE_PDL=True)))
+    attention = {n: BF16 for n in ("q_ptr", "k_cache_ptr", "v_cache_ptr", "out_ptr")} | \
+        {"part_out_ptr": "*fp32", "part_lse_ptr": "*fp32", "block_tables_ptr": "*i32", "cu_seqlens_q_ptr": "*i32",
+         "context_lens_ptr": "*i32"}
+    print("paged_attention:", compile_sm90(triton_attention._paged_attention_kernel, attention, dict(
+        SPLIT_LEN=128, GROUP=4, HEAD_DIM=64, BLOCK_D=64, BLOCK_SIZE=16, BLOCK_N=128, BLOCK_Q=1, BLOCK_M=16,
+        DOT_PRECISION="tf32", PROGRAMS=4, DIRECT=False, USE_PDL=True)))
+
+
+if __name__ == "__main__":
+    main()
