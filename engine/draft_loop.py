@@ -207,14 +207,14 @@ class DraftLoop:
         params = _RowParams.empty(b, device) if sampled else None
         num_candidates = self._config.num_candidates
 
-        def pick(logits: torch.Tensor, j: int) -> tuple[torch.Tensor, ...]:  # proposal j sits at base + 1 + j
-            if params is None:
-                return (logits.argmax(-1),)
-            return sample_draft(logits, params.temperature, params.top_p, params.top_k, params.min_p, params.seed,
-                                base + 1 + j, num_candidates)
+        def pick(batch: ForwardBatch, j: int) -> tuple[torch.Tensor, ...]:  # proposal j sits at base + 1 + j
+            if params is None:  # the model's own argmax: a reduced head's without vocabulary-wide logits
+                return (model(batch, kv, attention, greedy=True),)
+            return sample_draft(model(batch, kv, attention), params.temperature, params.top_p, params.top_k,
+                                params.min_p, params.seed, base + 1 + j, num_candidates)
 
         def loop() -> tuple[torch.Tensor, ...]:
-            picked = [pick(model(first, kv, attention), 0)]
+            picked = [pick(first, 0)]
             for j in range(1, k):  # feed proposal j - 1 at position base + j
                 positions = base + j
                 block = first.block_tables.gather(1, (positions // bs).unsqueeze(1)).squeeze(1)
@@ -222,7 +222,7 @@ class DraftLoop:
                 step.positions.copy_(positions)
                 step.slot_mapping.copy_(block.long() * bs + positions % bs)
                 step.context_lens.copy_(positions + 1)
-                picked.append(pick(model(step, kv, attention), j))
+                picked.append(pick(step, j))
             return tuple(torch.stack(parts, dim=1) for parts in zip(*picked))  # tokens [b, k] (ids, q [b, k, c])
 
         return _DeviceLoop(inputs, first, params, loop)

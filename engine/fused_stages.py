@@ -91,6 +91,12 @@ class FusedStages(LayerStages):
             return head.to_vocab(self._product(x, head.rows).float())
         return self._product(x, head).float()
 
+    def greedy_ids(self, model: CausalLM, hidden: torch.Tensor) -> torch.Tensor:
+        head = model.lm_head
+        if not self._is_fused_step(hidden) or not isinstance(head, SubsetLMHead):
+            return super().greedy_ids(model, hidden)
+        return head.greedy_ids(self._product(rms_norm_triton(hidden, model.norm, model.eps), head.rows).float())
+
     def _is_fused_step(self, hidden: torch.Tensor) -> bool:
         if not hidden.is_cuda:
             return hidden.shape[0] <= CPU_MAX_ROWS

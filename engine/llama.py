@@ -18,6 +18,7 @@ from torch import nn
 from engine.attention import paged_attention_reference, write_kv
 from engine.batch import ForwardBatch
 from engine.kv_cache import KVPool
+from engine.subset_head import SubsetLMHead
 from specdec.errors import UnsupportedModelError
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
@@ -114,6 +115,14 @@ class LayerStages:
         """float32 logits of the final hidden states' rows."""
         return model.lm_head(rms_norm(hidden, model.norm, model.eps)).float()
 
+    def greedy_ids(self, model: CausalLM, hidden: torch.Tensor) -> torch.Tensor:
+        """[rows] int64: each row's argmax token. A reduced head (engine/subset_head.py) takes it over
+        its own rows, never building vocabulary-wide logits."""
+        head = model.lm_head
+        if isinstance(head, SubsetLMHead):
+            return head.greedy_ids(head.subset_logits(rms_norm(hidden, model.norm, model.eps)).float())
+        return self.logits(model, hidden).argmax(-1)
+
 
 class DecoderLayer(nn.Module):
     def __init__(self, hf_layer: nn.Module, shape: ModelShape, eps: float) -> None:
@@ -180,13 +189,15 @@ class CausalLM(nn.Module):
 
     @torch.inference_mode()
     def forward(
-        self, batch: ForwardBatch, kv: KVPool, attention: AttentionFn = paged_attention_reference
-    ) -> torch.Tensor:  # [N, vocab] float32 logits at batch.logits_indices
+        self, batch: ForwardBatch, kv: KVPool, attention: AttentionFn = paged_attention_reference,
+        greedy: bool = False,
+    ) -> torch.Tensor:  # [N, vocab] float32 logits at batch.logits_indices (greedy: [N] argmax ids)
         hidden = self.embed_tokens(batch.input_ids)
         cos, sin = self.cos[batch.positions], self.sin[batch.positions]
         for layer, k_cache, v_cache in zip(self.layers, kv.k, kv.v):
             hidden = layer(hidden, cos, sin, k_cache, v_cache, batch, attention, self.stages)
-        return self.stages.logits(self, hidden[batch.logits_indices])
+        rows = hidden[batch.logits_indices]
+        return self.stages.greedy_ids(self, rows) if greedy else self.stages.logits(self, rows)
 
 
 def check_supported(config: object) -> None:

@@ -33,5 +33,10 @@ class SubsetLMHead(nn.Module):
         full = sub.new_full((*sub.shape[:-1], self.vocab_size), float("-inf"))
         return full.index_copy_(-1, self.vocab_ids, sub)
 
+    def greedy_ids(self, sub: torch.Tensor) -> torch.Tensor:  # [..., len(vocab_ids)] -> [...] token ids
+        """The argmax token of subset logits, without placing them into the vocabulary (a tie goes to
+        the row kept first, which is the lowest token id when vocab_ids ascend, as argmax's would)."""
+        return self.vocab_ids[sub.argmax(-1)]
+
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:  # [..., vocab_size], -inf outside the subset
         return self.to_vocab(self.subset_logits(hidden))

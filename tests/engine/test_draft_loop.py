@@ -10,6 +10,7 @@ from engine.batch import StepInput
 from engine.draft_loop import DraftLoop
 from engine.model_runner import ModelRunner, RuntimeConfig
 from engine.sampling import SamplingParams
+from engine.subset_head import SubsetLMHead
 
 
 def check_device_loop_matches_stepwise(device_loop: DraftLoop, stepwise: DraftLoop, num_rounds: int = 8,
@@ -49,6 +50,28 @@ def test_device_loop_proposes_what_the_stepwise_loop_proposes(model_dirs, sample
     runner = lambda: ModelRunner(RuntimeConfig(model=str(model_dirs["perturbed"]), kv_cache_tokens=4096))  # noqa: E731
     device_loop, stepwise = DraftLoop(runner(), device_loop=True), DraftLoop(runner(), device_loop=False)
     check_device_loop_matches_stepwise(device_loop, stepwise, sampled=sampled)
+
+
+@pytest.mark.parametrize("layer_kernels", ["reference", "fused"])
+def test_a_reduced_head_draft_proposes_its_argmax_without_vocabulary_wide_logits(model_dirs, layer_kernels, monkeypatch):
+    """The device loop's greedy picks take a reduced head's argmax over its own rows (engine/subset_head.py):
+    the tokens the stepwise loop picks from the vocabulary-wide logits, and never those logits."""
+    runner = lambda: ModelRunner(RuntimeConfig(model=str(model_dirs["reduced_head"]), kv_cache_tokens=4096,  # noqa: E731
+                                               layer_kernels=layer_kernels))
+    device_loop, stepwise = DraftLoop(runner(), device_loop=True), DraftLoop(runner(), device_loop=False)
+    head = device_loop._runner.model.lm_head
+    assert isinstance(head, SubsetLMHead)
+    placed = []
+    to_vocab = SubsetLMHead.to_vocab
+
+    def counted(self, sub: torch.Tensor) -> torch.Tensor:
+        if sub.numel():  # (prefills ask for no rows)
+            placed.append(self)
+        return to_vocab(self, sub)
+
+    monkeypatch.setattr(SubsetLMHead, "to_vocab", counted)
+    check_device_loop_matches_stepwise(device_loop, stepwise, num_rounds=4)
+    assert placed and all(h is stepwise._runner.model.lm_head for h in placed)  # the device loop placed no row
 
 
 def test_a_sequence_at_the_end_of_its_context_batches_with_a_longer_proposal(model_dirs):
