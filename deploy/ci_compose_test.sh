@@ -102,7 +102,7 @@ for svc_port in gateway:9400 target:9401 draft:9402; do
     "import urllib.request as u; print(u.urlopen('http://127.0.0.1:$port/metrics', timeout=5).read().decode())" \
     | grep '^specdec_' || true)
   echo "$svc: $(printf '%s\n' "$lines" | grep -c . ) specdec_* samples, e.g.:"
-  printf '%s\n' "$lines" | head -n 3 | sed 's/^/    /'
+  printf '%s\n' "$lines" | sed -n '1,3s/^/    /p'  # sed reads it all: head's early exit SIGPIPEd printf (exit 141)
   if [ -z "$lines" ]; then echo "FAIL: no metrics from $svc"; exit 1; fi
 done
 
