@@ -51,8 +51,8 @@ from engine.model_source import load_pretrained  # noqa: E402
 from engine.subset_head import SubsetLMHead  # noqa: E402
 from report import save_report  # noqa: E402
 from specdec.busy_poll import MODES as BUSY_POLL_MODES  # noqa: E402
-from specdec.idle_cpus import IdleCpus  # noqa: E402
 from specdec.client import collect  # noqa: E402
+from specdec.idle_cpus import IdleCpus  # noqa: E402
 from specdec.launch import Trio  # noqa: E402
 from specdec.v1 import common_pb2, draft_pb2_grpc, gateway_pb2, gateway_pb2_grpc  # noqa: E402
 from step_times import decode_step_times  # noqa: E402

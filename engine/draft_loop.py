@@ -206,6 +206,9 @@ class DraftLoop:
 
         params = _RowParams.empty(b, device) if sampled else None
         num_candidates = self._config.num_candidates
+        advance = advance_step_reference
+        if model.stages.fused_kernels:  # one Triton kernel, not a dozen small ones a step
+            from engine.triton_draft_step import advance_step as advance  # needs triton, as the fused stages do
 
         def pick(batch: ForwardBatch, j: int) -> tuple[torch.Tensor, ...]:  # proposal j sits at base + 1 + j
             if params is None:  # the model's own argmax: a reduced head's without vocabulary-wide logits
@@ -216,16 +219,22 @@ class DraftLoop:
         def loop() -> tuple[torch.Tensor, ...]:
             picked = [pick(first, 0)]
             for j in range(1, k):  # feed proposal j - 1 at position base + j
-                positions = base + j
-                block = first.block_tables.gather(1, (positions // bs).unsqueeze(1)).squeeze(1)
-                step.input_ids.copy_(picked[-1][0])
-                step.positions.copy_(positions)
-                step.slot_mapping.copy_(block.long() * bs + positions % bs)
-                step.context_lens.copy_(positions + 1)
+                advance(picked[-1][0], base, j, first.block_tables, bs, step)
                 picked.append(pick(step, j))
             return tuple(torch.stack(parts, dim=1) for parts in zip(*picked))  # tokens [b, k] (ids, q [b, k, c])
 
         return _DeviceLoop(inputs, first, params, loop)
+
+
+def advance_step_reference(token: torch.Tensor, base: torch.Tensor, j: int, block_tables: torch.Tensor,
+                           block_size: int, step: ForwardBatch) -> None:
+    """`step`'s inputs for feeding `token` at position base + j (engine/triton_draft_step.py in one kernel)."""
+    positions = base + j
+    block = block_tables.gather(1, (positions // block_size).unsqueeze(1)).squeeze(1)
+    step.input_ids.copy_(token)
+    step.positions.copy_(positions)
+    step.slot_mapping.copy_(block.long() * block_size + positions % block_size)
+    step.context_lens.copy_(positions + 1)
 
 
 def _bucket(buckets: tuple[int, ...], n: int) -> int:

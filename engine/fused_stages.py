@@ -54,6 +54,8 @@ AUTO_MAX_ROWS = 16  # one row tile of the skinny linear (engine/triton_linear.py
 class FusedStages(LayerStages):
     """`fallback`'s stages (the inherited methods) for the steps the kernels do not take."""
 
+    fused_kernels = True
+
     def __init__(self, fallback: LayerStages, max_rows: int | None, device: torch.device) -> None:
         super().__init__(fallback.pre_attention, fallback.post_attention)
         self.max_rows = max_rows  # None: every graph step

@@ -93,6 +93,7 @@ class LayerStages:
 
     pre_attention: Callable = pre_attention
     post_attention: Callable = post_attention
+    fused_kernels = False  # engine.fused_stages.FusedStages: True
 
     def compiled(self) -> LayerStages:
         # dynamic: one graph serves every token count (bucket sizes and prefill chunks)

@@ -14,7 +14,7 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from engine import triton_attention, triton_linear, triton_norm, triton_rope  # noqa: E402
+from engine import triton_attention, triton_draft_step, triton_linear, triton_norm, triton_rope  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
 BF16 = "*bf16"
@@ -58,6 +58,9 @@ def main() -> None:
     print("paged_attention:", compile_sm90(triton_attention._paged_attention_kernel, attention, dict(
         SPLIT_LEN=128, GROUP=4, HEAD_DIM=64, BLOCK_D=64, BLOCK_SIZE=16, BLOCK_N=128, BLOCK_Q=1, BLOCK_M=16,
         DOT_PRECISION="tf32", PROGRAMS=4, DIRECT=False, USE_PDL=True)))
+    step = {"token_ptr": "*i64", "base_ptr": "*i64", "tables_ptr": "*i32", "ids_ptr": "*i64", "positions_ptr": "*i64",
+            "slots_ptr": "*i64", "context_ptr": "*i32"}
+    print("draft_step:", compile_sm90(triton_draft_step._advance_kernel, step, dict(BLOCK_SIZE=16, BLOCK_B=8, USE_PDL=True)))
 
 
 if __name__ == "__main__":

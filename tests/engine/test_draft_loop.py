@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.batch import StepInput
-from engine.draft_loop import DraftLoop
+from engine.batch import ForwardBatch, StepInput
+from engine.draft_loop import DraftLoop, advance_step_reference
 from engine.model_runner import ModelRunner, RuntimeConfig
 from engine.sampling import SamplingParams
 from engine.subset_head import SubsetLMHead
@@ -46,8 +46,10 @@ def check_device_loop_matches_stepwise(device_loop: DraftLoop, stepwise: DraftLo
 
 
 @pytest.mark.parametrize("sampled", [False, True])
-def test_device_loop_proposes_what_the_stepwise_loop_proposes(model_dirs, sampled):
-    runner = lambda: ModelRunner(RuntimeConfig(model=str(model_dirs["perturbed"]), kv_cache_tokens=4096))  # noqa: E731
+@pytest.mark.parametrize("layer_kernels", ["reference", "fused"])  # fused: the Triton step kernel too
+def test_device_loop_proposes_what_the_stepwise_loop_proposes(model_dirs, sampled, layer_kernels):
+    runner = lambda: ModelRunner(RuntimeConfig(model=str(model_dirs["perturbed"]), kv_cache_tokens=4096,  # noqa: E731
+                                               layer_kernels=layer_kernels))
     device_loop, stepwise = DraftLoop(runner(), device_loop=True), DraftLoop(runner(), device_loop=False)
     check_device_loop_matches_stepwise(device_loop, stepwise, sampled=sampled)
 
@@ -88,3 +90,29 @@ def test_a_sequence_at_the_end_of_its_context_batches_with_a_longer_proposal(mod
     assert [p.token_ids for p in out[device_loop]] == [p.token_ids for p in out[stepwise]]
     assert [len(p.token_ids) for p in out[device_loop]] == [1, 8]
     assert device_loop._runner.kv.allocator.num_used == 0
+
+
+def test_the_step_kernel_writes_the_inputs_the_torch_ops_write():
+    """engine/triton_draft_step.advance_step (the fused stages' loops) against the loop's PyTorch ops:
+    the next token, its position, its KV slot through the block table and the context length."""
+    from engine.triton_draft_step import advance_step
+
+    gen = torch.Generator().manual_seed(0)
+    b, block_size, width = 5, 4, 9
+    tables = torch.randint(1, 100, (b, width), generator=gen, dtype=torch.int32)
+    base = torch.randint(0, block_size * width - 8, (b,), generator=gen)
+    picked = torch.randint(0, 300, (b, 3), generator=gen)  # a column of a [b, k] tensor: strided
+
+    def step() -> ForwardBatch:
+        return ForwardBatch(input_ids=torch.zeros(b, dtype=torch.long), positions=torch.zeros(b, dtype=torch.long),
+                            slot_mapping=torch.zeros(b, dtype=torch.long), cu_seqlens_q=list(range(b + 1)),
+                            cu_seqlens_q_t=torch.arange(b + 1, dtype=torch.int32),
+                            context_lens=torch.zeros(b, dtype=torch.int32), block_tables=tables, max_num_q=1,
+                            logits_indices=torch.arange(b))
+
+    for j in (1, 3, 7):
+        fused, reference = step(), step()
+        advance_step(picked[:, j % 3], base, j, tables, block_size, fused)
+        advance_step_reference(picked[:, j % 3], base, j, tables, block_size, reference)
+        for name in ("input_ids", "positions", "slot_mapping", "context_lens"):
+            assert torch.equal(getattr(fused, name), getattr(reference, name)), name
