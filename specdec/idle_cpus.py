@@ -21,8 +21,9 @@ services' --idle-poll is off unless asked for.
 
 A spinner runs under SCHED_IDLE, so any runnable thread of any process takes its CPU at once: it
 only fills time the CPU would have halted. The cost is power and, where vCPUs are hyperthread
-siblings, some of a busy sibling's throughput. Spinners are paused (SIGSTOP) while nothing is
-served, resumed (SIGCONT) while a stream is open, and die with the process that made them
+siblings, some of a busy sibling's throughput. Spinners start with the first stream (a service that
+never serves, or fails to start, makes none), are paused (SIGSTOP) while nothing is served and
+resumed (SIGCONT) while a stream is open, and die with the process that made them
 (PR_SET_PDEATHSIG) even if it is killed.
 """
 from __future__ import annotations
@@ -47,25 +48,27 @@ while True:
 
 
 class IdleCpus:
-    """One SCHED_IDLE spinner per CPU of `cpus` (default: those this process may run on), started
-    paused; `resume` / `pause` while serving / idle, `close` at shutdown."""
+    """One SCHED_IDLE spinner per CPU of `cpus` (default: those this process may run on), made at
+    the first `resume`; `resume` / `pause` while serving / idle, `close` at shutdown."""
 
     def __init__(self, cpus: Iterable[int] | None = None) -> None:
         self.cpus = sorted(os.sched_getaffinity(0) if cpus is None else cpus)
         self.running = False
-        self._spinners = [subprocess.Popen([sys.executable, "-S", "-c", SPIN, str(cpu), str(os.getpid())],
-                                           stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
-                           for cpu in self.cpus]
-        self._signal(signal.SIGSTOP)
+        self._spinners: list[subprocess.Popen] = []
 
     @property
     def pids(self) -> list[int]:
         return [p.pid for p in self._spinners]
 
     def resume(self) -> None:
-        if not self.running:
-            self._signal(signal.SIGCONT)
-            self.running = True
+        if self.running:
+            return
+        if not self._spinners:  # from the loop's thread: PR_SET_PDEATHSIG follows the thread that forks
+            self._spinners = [subprocess.Popen([sys.executable, "-S", "-c", SPIN, str(cpu), str(os.getpid())],
+                                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+                              for cpu in self.cpus]
+        self._signal(signal.SIGCONT)
+        self.running = True
 
     def pause(self) -> None:
         if self.running:

@@ -37,17 +37,19 @@ def eventually(check, timeout_s: float = 10.0) -> bool:
     return check()
 
 
-def test_spinners_start_paused_and_spin_on_their_cpu_at_the_idle_priority_while_resumed():
+def test_spinners_start_with_the_first_resume_and_spin_on_their_cpu_at_the_idle_priority():
     spinners = IdleCpus([CPU])
-    (pid,) = spinners.pids
+    assert spinners.pids == [] and not spinners.running  # none before anything is served
     try:
-        assert eventually(lambda: state(pid) == "T") and not spinners.running
         spinners.resume()
+        (pid,) = spinners.pids
         assert eventually(lambda: os.sched_getscheduler(pid) == os.SCHED_IDLE)
         assert os.sched_getaffinity(pid) == {CPU}
         assert eventually(lambda: state(pid) == "R")  # busy, never sleeping
         spinners.pause()
         assert eventually(lambda: state(pid) == "T")
+        spinners.resume()  # the same spinner again
+        assert spinners.pids == [pid] and eventually(lambda: state(pid) == "R")
     finally:
         spinners.close()
     assert state(pid) is None and spinners.pids == []
@@ -85,10 +87,12 @@ def test_spinners_die_with_the_process_that_made_them():
 def test_a_server_with_idle_poll_stops_its_spinners_when_it_stops():
     async def scenario() -> list[int]:
         server = await start_server(lambda s: None, [], "127.0.0.1", 0, idle_poll=True)
-        pids = server.busy_poll.idle_cpus.pids
-        assert not server.busy_poll.loop and all(state(pid) for pid in pids)
+        assert not server.busy_poll.loop and server.busy_poll.idle_cpus.pids == []
         async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
             await channel.channel_ready()
+        with server.busy_poll.held():  # as a Sequence stream holds it
+            pids = server.busy_poll.idle_cpus.pids
+            assert pids and all(state(pid) for pid in pids)
         await server.stop(0)
         return pids
 
