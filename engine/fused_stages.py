@@ -68,13 +68,11 @@ class FusedStages(LayerStages):
         if not self._is_fused_step(hidden):
             return super().attention_inputs(layer, hidden, cos, sin, k_cache, v_cache, slot_mapping)
         x = rms_norm_triton(hidden, layer.input_norm, layer.eps)
-        qkv = layer.qkv
-        int8 = isinstance(qkv, Int8Linear)
-        weight = qkv.qweight if int8 else qkv.weight
-        if QKV_ROPE and qkv_rope_block_n(weight, layer.shape, int8) is not None:
-            return qkv_rope_and_write_kv(x, weight, qkv.bias, cos, sin, k_cache, v_cache, slot_mapping, layer.shape,
-                                         scale=qkv.scale if int8 else None)
-        return rope_and_write_kv(self._product(x, qkv), cos, sin, k_cache, v_cache, slot_mapping, layer.shape)
+        weight, scale = _weight_and_scale(layer.qkv)
+        if QKV_ROPE and qkv_rope_block_n(weight, layer.shape, int8=scale is not None) is not None:
+            return qkv_rope_and_write_kv(x, weight, layer.qkv.bias, cos, sin, k_cache, v_cache, slot_mapping,
+                                         layer.shape, scale=scale)
+        return rope_and_write_kv(self._product(x, layer.qkv), cos, sin, k_cache, v_cache, slot_mapping, layer.shape)
 
     def attention_output(self, layer: DecoderLayer, hidden: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
         if not self._is_fused_step(hidden):
@@ -105,9 +103,14 @@ class FusedStages(LayerStages):
         return torch.cuda.is_current_stream_capturing() and (self.max_rows is None or hidden.shape[0] <= self.max_rows)
 
     def _product(self, x: torch.Tensor, linear: nn.Module, **epilogue: object) -> torch.Tensor:
-        """`linear`'s product through the skinny kernel: an nn.Linear's weight, or an Int8Linear's int8
-        rows and their scales (a draft's --quantize int8)."""
-        if isinstance(linear, Int8Linear):
-            return skinny_linear(x, linear.qweight, linear.bias, scale=linear.scale, counters=self.counters,
-                                 **epilogue)
-        return skinny_linear(x, linear.weight, linear.bias, counters=self.counters, **epilogue)
+        """`linear`'s product through the skinny kernel."""
+        weight, scale = _weight_and_scale(linear)
+        return skinny_linear(x, weight, linear.bias, scale=scale, counters=self.counters, **epilogue)
+
+
+def _weight_and_scale(linear: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """What the kernels read of a linear: an nn.Linear's weight, or an Int8Linear's int8 rows and their
+    scales (a draft's --quantize int8)."""
+    if isinstance(linear, Int8Linear):
+        return linear.qweight, linear.scale
+    return linear.weight, None

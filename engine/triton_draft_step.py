@@ -45,4 +45,3 @@ def advance_step(token: torch.Tensor, base: torch.Tensor, j: int, block_tables: 
                           step.positions, step.slot_mapping, step.context_lens, j, b,
                           BLOCK_SIZE=block_size, BLOCK_B=triton.next_power_of_2(b), num_warps=1,
                           **pdl.launch_options(token.device))
-

@@ -143,3 +143,11 @@ def test_the_fused_qkv_kernel_is_switched_by_the_environment(env, on):
     out = subprocess.run([sys.executable, "-c", "import engine.fused_stages as f; print(f.QKV_ROPE)"],
                          cwd=ROOT, env=environ, stdout=subprocess.PIPE, text=True, check=True).stdout
     assert out.strip() == str(on)
+
+
+def test_the_draft_service_sets_the_fused_qkv_default_before_the_fused_stages_load():
+    """draft_service/cli.py sets SPECDEC_QKV_ROPE's default in the environment, which engine/fused_stages.py
+    reads when it is imported: nothing the draft CLI imports may load it earlier."""
+    code = "import sys, draft_service.cli; print('engine.fused_stages' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, text=True, check=True).stdout
+    assert out.strip() == "False"
