@@ -12,6 +12,10 @@ draft's captured loop at batch 1 and 8 (host sync included). The levers:
             down projections
   * qkvrope the QKV product with rotary and the cache write in its epilogue (engine/fused_stages.QKV_ROPE;
             not in the default list: `--variants int8_32k_pdl_split4 int8_32k_pdl_split4_qkvrope` A/Bs it)
+  * refstep the draft loop's between-step inputs by torch ops (draft_loop.advance_step_reference), not
+            its one Triton kernel (engine/triton_draft_step.py): A/Bs that kernel
+  * fullpick the loop's greedy pick as an argmax of vocabulary-wide logits, not the reduced head's own
+            (LayerStages.greedy_ids): A/Bs that pick
 For the first and the last variant, a kernel census of one decode replay (torch.profiler): kernels,
 the sum of their durations against the replay's time (the rest is gaps between kernels), and the
 costliest. Also whether each variant's decode logits pick the same top token as
@@ -33,7 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "bench"), str(ROOT / "tests")]
 
 from engine import model_runner  # noqa: E402
-from engine import fused_stages, pdl, triton_linear  # noqa: E402
+from engine import draft_loop, fused_stages, pdl, triton_draft_step, triton_linear  # noqa: E402
 from engine.batch import StepInput  # noqa: E402
 from engine.cuda_graphs import GraphConfig  # noqa: E402
 from engine.model_runner import ModelRunner, RuntimeConfig  # noqa: E402
@@ -64,6 +68,8 @@ def settings(name: str) -> dict:
         "split_k": split,
         "split_k_min_k": 2048 if "mink2048" in parts else 8192,
         "qkv_rope": "qkvrope" in parts,
+        "reference_step": "refstep" in parts,
+        "full_pick": "fullpick" in parts,
     }
 
 
@@ -76,13 +82,17 @@ def build(hf, setting: dict) -> ModelRunner:
     if setting["head_rows"]:  # a fresh one: quantizing replaces the head's own rows
         hf.lm_head = SubsetLMHead(full_head.weight, torch.arange(setting["head_rows"]))
     try:
-        return ModelRunner(
+        runner = ModelRunner(
             RuntimeConfig(model="random-1b", device="cuda", dtype="bfloat16", max_model_len=2048,
                           kv_cache_tokens=16 * 2048, quantize=setting["quantize"]),
             loaded=LoadedModel("random-1b", hf, build_tokenizer()),
         )
     finally:
         hf.lm_head = full_head
+    if setting["full_pick"]:  # this runner's stages only: the instance attribute shadows the method
+        stages = runner.model.stages
+        stages.greedy_ids = lambda model, hidden: stages.logits(model, hidden).argmax(-1)
+    return runner
 
 
 def kernel_census(replay) -> dict[str, float]:
@@ -117,7 +127,13 @@ def measure(hf, setting: dict, census: bool) -> tuple[dict[str, float], torch.Te
     metrics = {"replay_ms_q1": cuda_ms(replay, 200)}
     kernels = kernel_census(replay) if census else {}
     logits = decode_logits(runner, kv, gen, NUM_LOGIT_POSITIONS, PROMPT)
-    metrics.update(proposal_ms(runner, seqs, PROMPT))
+    fused_step = triton_draft_step.advance_step
+    if setting["reference_step"]:  # read when the loop is built (engine/draft_loop.py)
+        triton_draft_step.advance_step = draft_loop.advance_step_reference
+    try:
+        metrics.update(proposal_ms(runner, seqs, PROMPT))
+    finally:
+        triton_draft_step.advance_step = fused_step
     for s in seqs:
         s.release()
     return metrics, logits, kernels
