@@ -18,10 +18,11 @@ import tempfile
 from collections import defaultdict
 from pathlib import Path
 
-import grpc
-
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
+
+import specdec  # noqa: E402,F401 - before grpc: it picks gRPC's poller (specdec/__init__.py)
+import grpc  # noqa: E402
 
 from distill.prompts import held_out_prompts  # noqa: E402
 from engine.model_source import DEFAULT_MODEL  # noqa: E402

@@ -39,12 +39,14 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
-import grpc
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+
+import specdec  # noqa: E402,F401 - before grpc: it picks gRPC's poller (specdec/__init__.py)
+import grpc  # noqa: E402
 
 from distill.export import export_draft  # noqa: E402
 from engine.model_source import load_pretrained  # noqa: E402

@@ -14,12 +14,15 @@ that yields forever: `*_spin_client`, `*_spin_server`, `*_spin_both`) - a thread
 through a step's wait pays its wake-up (and its core's idle state's exit) when the answer comes.
 `--idle-cpus` measures it all with a SCHED_IDLE spinner on every CPU (specdec/idle_cpus.py, what
 the services' --idle-poll runs while they serve), so no CPU halts while idle.
+gRPC's poller is our processes' (specdec/__init__.py: the legacy one); `GRPC_EXPERIMENTS= python
+bench/grpc_pingpong.py` measures gRPC's EventEngine (the report's `grpc_experiments` says which ran).
 Usage: python bench/grpc_pingpong.py [--work-ms 4.5] [--rounds 400] [--idle-cpus] [--out PATH]
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
 import subprocess
 import sys
@@ -28,10 +31,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import grpc
-
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
+
+import specdec  # noqa: E402,F401 - before grpc: it picks gRPC's poller (specdec/__init__.py)
+import grpc  # noqa: E402
 
 from report import save_report  # noqa: E402
 
@@ -153,6 +157,7 @@ def main() -> None:
         if idle_cpus is not None:
             idle_cpus.close()
     metrics["idle_cpus"] = float(args.idle_cpus)
+    metrics["grpc_experiments"] = os.environ["GRPC_EXPERIMENTS"]
     save_report("grpc_pingpong", metrics, args.out)
 
 

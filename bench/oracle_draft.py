@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import random
 from dataclasses import replace
 from pathlib import Path
@@ -137,7 +136,6 @@ def main() -> None:
     setup_logging(args.log_level, args.log_format)
     config = replace(runtime_config(args), quantize=args.quantize)
     pdl.ENABLED = pdl.from_env(default=True)  # as the draft service (draft_service/cli.py)
-    os.environ.setdefault("SPECDEC_QKV_ROPE", "1")
     continuations = Continuations(args.continuations)
 
     async def start() -> RunningServer:

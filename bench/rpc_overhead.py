@@ -23,10 +23,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import grpc
-
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "bench"), str(ROOT / "tests")]
+
+import specdec  # noqa: E402,F401 - before grpc: it picks gRPC's poller (specdec/__init__.py)
+import grpc  # noqa: E402
 
 from gpu_e2e import LLAMA_1B, LLAMA_8B, generate, prompts_text, write_model_dir  # noqa: E402
 from report import save_report  # noqa: E402

@@ -19,10 +19,11 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import grpc
-
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "bench"), str(ROOT / "tests")]
+
+import specdec  # noqa: E402,F401 - before grpc: it picks gRPC's poller (specdec/__init__.py)
+import grpc  # noqa: E402
 
 from report import save_report
 from tiny_models import build_model_dir, build_tokenizer

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 from dataclasses import replace
 
 from draft_service.server import run
@@ -37,7 +36,6 @@ def main(argv: list[str] | None = None) -> None:
     setup_logging(args.log_level, args.log_format)
     quantize = args.quantize or ("int8" if args.device == "cpu" else "none")
     pdl.ENABLED = pdl.from_env(default=True)  # a draft's chains of small kernels gain (engine/pdl.py)
-    os.environ.setdefault("SPECDEC_QKV_ROPE", "1")  # read when the fused stages load (engine/fused_stages.py)
     run(args, replace(runtime_config(args), quantize=quantize))
 
 

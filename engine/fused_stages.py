@@ -44,10 +44,11 @@ from engine.triton_rope import qkv_rope_and_write_kv, qkv_rope_block_n, rope_and
 
 CPU_MAX_ROWS = 16
 # The QKV product with rotary and the cache write in its epilogue (engine/triton_rope.py): one kernel a
-# layer fewer, the same values. SPECDEC_QKV_ROPE=1 or 0; unset, off: the draft service turns it on
-# (draft_service/cli.py; a 1B decode replay 0.830 -> 0.786 ms, a k = 4 proposal 3.93 -> 3.74 ms, the same
-# logits' bits, bench/results/gpu_draft_forward_qkv_rope.json); the 8B target is not measured with it yet.
-QKV_ROPE = os.environ.get("SPECDEC_QKV_ROPE", "0") == "1"
+# layer fewer, the same values; SPECDEC_QKV_ROPE=0 turns it off. On the H200 a 1B decode replay
+# 0.830 -> 0.786 ms, a k = 4 proposal 3.93 -> 3.74 ms (bench/results/gpu_draft_forward_qkv_rope.json), an 8B
+# decode replay 4.526 -> 4.449 ms and a 5-token verify 4.625 -> 4.551 ms (bench/results/gpu_qkv_rope.json),
+# the logits' bits the same in each.
+QKV_ROPE = os.environ.get("SPECDEC_QKV_ROPE", "1") != "0"
 AUTO_MAX_ROWS = 16  # one row tile of the skinny linear (engine/triton_linear.py)
 
 
