@@ -122,6 +122,11 @@ def run_config(stub, prompts: list[str], batch: int, max_new: int, k: int, draft
         **decode_step_times(stats),
         # as measured before the prefill forwards were reported apart: over each whole request, the
         # prefill's time included (the target's prefill counted as a forward)
+        # a request's fixed cost, outside its steps: to the first token, and the two prefill forwards in it
+        "ttft_ms": 1e3 * statistics.mean(s.time_to_first_token_s for s in stats),
+        "target_prefill_ms": 1e3 * statistics.mean(s.target_prefill_forward_s for s in stats),
+        "draft_prefill_ms": 1e3 * statistics.mean(s.draft_prefill_forward_s for s in stats),
+        "request_ms": 1e3 * statistics.mean(elapsed),
         "rpc_overhead_fraction_whole_request": statistics.mean(
             max(0.0, e - s.draft_forward_s - s.target_forward_s) / e for s, e in zip(stats, elapsed)),
         "token_ids": [c.token_ids for c in completions],
