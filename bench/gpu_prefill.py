@@ -1,0 +1,96 @@
+"""H200 profile of a prompt's prefill as the services run it: random-weight Llama-3.1-8B (target,
+--layer-kernels fused) and Llama-3.2-1B (draft, auto) shapes, bf16, one prompt of `--prompt` tokens.
+
+A prefill is an eager forward (the CUDA graphs serve decodes and verifies): the layers' stages
+torch.compile'd, cuBLAS products, the Triton attention. For each shape: the wall time of a prefill
+(host sync included) over a few runs, then one under torch.profiler: the summed device time of its
+kernels (the rest of the wall time is the host's), the costliest kernels and host ops.
+Writes bench/results/gpu_prefill.json.
+Usage: python bench/gpu_prefill.py [--prompt 128] [--out PATH]
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "bench"), str(ROOT / "tests")]
+
+from engine.batch import StepInput  # noqa: E402
+from engine.model_runner import ModelRunner, RuntimeConfig  # noqa: E402
+from engine.model_source import LoadedModel  # noqa: E402
+from gpu_e2e import LLAMA_1B, LLAMA_8B  # noqa: E402
+from report import save_report  # noqa: E402
+from tiny_models import build_tokenizer  # noqa: E402
+
+SHAPES = {"8b": (LLAMA_8B, "fused"), "1b": (LLAMA_1B, "auto")}  # each service's default layer kernels
+
+
+def prefill_ms(runner: ModelRunner, prompt: list[int]) -> float:
+    kv = runner.kv.new_sequence()
+    torch.cuda.synchronize()
+    started = time.perf_counter()
+    runner.forward([StepInput(kv, prompt, 1)])
+    torch.cuda.synchronize()
+    elapsed = (time.perf_counter() - started) * 1e3
+    kv.release()
+    return elapsed
+
+
+def profile(runner: ModelRunner, prompt: list[int], metrics: dict, name: str) -> None:
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                            torch.profiler.ProfilerActivity.CUDA]) as prof:
+        prefill_ms(runner, prompt)
+    events = prof.events()
+    kernels: dict[str, float] = defaultdict(float)
+    count = 0
+    for e in events:
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            kernels[e.name[:70]] += e.device_time_total / 1e3
+            count += 1
+    metrics[f"{name}_kernels"] = count
+    metrics[f"{name}_kernel_ms"] = sum(kernels.values())
+    for kernel, ms in sorted(kernels.items(), key=lambda kv: -kv[1])[:8]:
+        metrics[f"{name}_kernel:{kernel}"] = ms
+    host = prof.key_averages()
+    for row in sorted(host, key=lambda r: -r.self_cpu_time_total)[:10]:
+        metrics[f"{name}_host_self_ms:{row.key[:70]}"] = row.self_cpu_time_total / 1e3
+        metrics[f"{name}_host_calls:{row.key[:70]}"] = row.count
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--prompt", type=int, default=128)
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "gpu_prefill.json")
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    metrics: dict[str, float] = {"prompt": args.prompt}
+    for name, (shape, layer_kernels) in SHAPES.items():
+        with torch.device("cuda"):
+            hf = AutoModelForCausalLM.from_config(LlamaConfig(**shape), dtype=torch.bfloat16).eval()
+        runner = ModelRunner(
+            RuntimeConfig(model=f"random-{name}", device="cuda", dtype="bfloat16", max_model_len=2048,
+                          kv_cache_tokens=4 * 2048, layer_kernels=layer_kernels, use_cuda_graphs=False),
+            loaded=LoadedModel(f"random-{name}", hf, build_tokenizer()),
+        )
+        prompt = torch.randint(3, 30000, (args.prompt,)).tolist()
+        started = time.perf_counter()
+        prefill_ms(runner, prompt)  # compiles the stages
+        metrics[f"{name}_first_prefill_s"] = time.perf_counter() - started
+        runs = sorted(prefill_ms(runner, prompt) for _ in range(5))
+        metrics[f"{name}_prefill_ms"] = runs[len(runs) // 2]
+        profile(runner, prompt, metrics, name)
+        print({k: v for k, v in metrics.items() if k.startswith(name)}, flush=True)
+        save_report("gpu_prefill", metrics, args.out)  # after each shape: a call cut short keeps the first
+        del runner, hf
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
