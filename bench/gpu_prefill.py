@@ -2,11 +2,13 @@
 --layer-kernels fused) and Llama-3.2-1B (draft, auto) shapes, bf16, one prompt of `--prompt` tokens.
 
 A prefill is an eager forward (the CUDA graphs serve decodes and verifies): the layers' stages
-torch.compile'd, cuBLAS products, the Triton attention. For each shape: the wall time of a prefill
-(host sync included) over a few runs, then one under torch.profiler: the summed device time of its
-kernels (the rest of the wall time is the host's), the costliest kernels and host ops.
+torch.compile'd, cuBLAS products, the Triton attention. For each shape and variant: the wall time
+of a prefill (host sync included) over a few runs, then one under torch.profiler: the summed device
+time of its kernels (the rest of the wall time is the host's), the costliest kernels and host ops.
+Variants: `compiled` (the services' way), `eager` (use_compile off: the stages in plain PyTorch),
+`nopdl` (compiled, the Triton kernels launched without programmatic dependent launch).
 Writes bench/results/gpu_prefill.json.
-Usage: python bench/gpu_prefill.py [--prompt 128] [--out PATH]
+Usage: python bench/gpu_prefill.py [--prompt 128] [--variants compiled eager nopdl] [--out PATH]
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "bench"), str(ROOT / "tests")]
 
+from engine import pdl  # noqa: E402
 from engine.batch import StepInput  # noqa: E402
 from engine.model_runner import ModelRunner, RuntimeConfig  # noqa: E402
 from engine.model_source import LoadedModel  # noqa: E402
@@ -30,6 +33,7 @@ from report import save_report  # noqa: E402
 from tiny_models import build_tokenizer  # noqa: E402
 
 SHAPES = {"8b": (LLAMA_8B, "fused"), "1b": (LLAMA_1B, "auto")}  # each service's default layer kernels
+VARIANTS = ("compiled", "eager", "nopdl")
 
 
 def prefill_ms(runner: ModelRunner, prompt: list[int]) -> float:
@@ -67,29 +71,36 @@ def profile(runner: ModelRunner, prompt: list[int], metrics: dict, name: str) ->
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--prompt", type=int, default=128)
+    parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "gpu_prefill.json")
     args = parser.parse_args()
     torch.manual_seed(0)
+    torch._dynamo.config.recompile_limit = 64  # each runner's compiled stages guard on its own weights
     metrics: dict[str, float] = {"prompt": args.prompt}
-    for name, (shape, layer_kernels) in SHAPES.items():
+    for shape_name, (shape, layer_kernels) in SHAPES.items():
         with torch.device("cuda"):
             hf = AutoModelForCausalLM.from_config(LlamaConfig(**shape), dtype=torch.bfloat16).eval()
-        runner = ModelRunner(
-            RuntimeConfig(model=f"random-{name}", device="cuda", dtype="bfloat16", max_model_len=2048,
-                          kv_cache_tokens=4 * 2048, layer_kernels=layer_kernels, use_cuda_graphs=False),
-            loaded=LoadedModel(f"random-{name}", hf, build_tokenizer()),
-        )
-        prompt = torch.randint(3, 30000, (args.prompt,)).tolist()
-        started = time.perf_counter()
-        prefill_ms(runner, prompt)  # compiles the stages
-        metrics[f"{name}_first_prefill_s"] = time.perf_counter() - started
-        runs = sorted(prefill_ms(runner, prompt) for _ in range(5))
-        metrics[f"{name}_prefill_ms"] = runs[len(runs) // 2]
-        profile(runner, prompt, metrics, name)
-        print({k: v for k, v in metrics.items() if k.startswith(name)}, flush=True)
-        save_report("gpu_prefill", metrics, args.out)  # after each shape: a call cut short keeps the first
-        del runner, hf
-        torch.cuda.empty_cache()
+        for variant in args.variants:
+            name = f"{shape_name}_{variant}"
+            pdl.ENABLED = variant != "nopdl"
+            runner = ModelRunner(
+                RuntimeConfig(model=f"random-{shape_name}", device="cuda", dtype="bfloat16", max_model_len=2048,
+                              kv_cache_tokens=4 * 2048, layer_kernels=layer_kernels, use_cuda_graphs=False,
+                              use_compile=variant != "eager"),
+                loaded=LoadedModel(f"random-{shape_name}", hf, build_tokenizer()),
+            )
+            prompt = torch.randint(3, 30000, (args.prompt,)).tolist()
+            started = time.perf_counter()
+            prefill_ms(runner, prompt)  # compiles the stages
+            metrics[f"{name}_first_prefill_s"] = time.perf_counter() - started
+            runs = sorted(prefill_ms(runner, prompt) for _ in range(5))
+            metrics[f"{name}_prefill_ms"] = runs[len(runs) // 2]
+            profile(runner, prompt, metrics, name)
+            print({k: v for k, v in metrics.items() if k.startswith(name)}, flush=True)
+            save_report("gpu_prefill", metrics, args.out)  # after each: a call cut short keeps what it measured
+            del runner
+            torch.cuda.empty_cache()
+        del hf
 
 
 if __name__ == "__main__":
