@@ -1,14 +1,15 @@
 """H200 A/B of a switch of the fused layer kernels' graph steps: programmatic dependent launch
-(engine/pdl.py, the default `--lever pdl`) or the QKV product with rotary in its epilogue
-(`--lever qkv_rope`, engine/fused_stages.QKV_ROPE); random-weight Llama-3.1-8B (target) and
-Llama-3.2-1B (draft) shapes, bf16, prompt 512.
+(engine/pdl.py, the default `--lever pdl`), the QKV product with rotary in its epilogue
+(`--lever qkv_rope`, engine/fused_stages.QKV_ROPE) or the attention's combine inside its kernel
+(`--lever fused_combine`, engine/triton_attention.FUSED_COMBINE); random-weight Llama-3.1-8B
+(target) and Llama-3.2-1B (draft) shapes, bf16, prompt 512.
 
 For each shape and each setting (off, then on; the same process, the graphs captured afresh):
 the device time of a batch-1 decode replay (q = 1) and verify replay (q = 5), the wall time of a
 k = 4 greedy proposal through the draft's captured loop (1B, host sync included), and whether the
-logits of a decode and a verify are the same bits either way. Writes bench/results/gpu_pdl.json
-(gpu_qkv_rope.json for that lever).
-Usage: python bench/gpu_pdl.py [--lever pdl|qkv_rope] [--out PATH]
+logits of a decode and a verify are the same bits either way (and their largest difference).
+Writes bench/results/gpu_LEVER.json.
+Usage: python bench/gpu_pdl.py [--lever pdl|qkv_rope|fused_combine] [--out PATH]
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "bench"), str(ROOT / "tests")]
 
-from engine import fused_stages, pdl  # noqa: E402
+from engine import fused_stages, pdl, triton_attention  # noqa: E402
 from engine.batch import StepInput  # noqa: E402
 from engine.draft_loop import DraftLoop, LoopConfig  # noqa: E402
 from engine.model_runner import ModelRunner, RuntimeConfig  # noqa: E402
@@ -36,6 +37,8 @@ from tiny_models import build_tokenizer  # noqa: E402
 
 PROMPT = 512
 SHAPES = {"8b": (LLAMA_8B, "fused"), "1b": (LLAMA_1B, "auto")}  # each service's default layer kernels
+LEVERS = {"pdl": (pdl, "ENABLED"), "qkv_rope": (fused_stages, "QKV_ROPE"),
+          "fused_combine": (triton_attention, "FUSED_COMBINE")}  # read when a runner is built
 
 
 def measure(hf, name: str, layer_kernels: str) -> tuple[dict[str, float], list[torch.Tensor]]:
@@ -71,7 +74,7 @@ def measure(hf, name: str, layer_kernels: str) -> tuple[dict[str, float], list[t
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--lever", choices=["pdl", "qkv_rope"], default="pdl")
+    parser.add_argument("--lever", choices=list(LEVERS), default="pdl")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     out = args.out or ROOT / "bench" / "results" / f"gpu_{args.lever}.json"
@@ -82,15 +85,15 @@ def main() -> None:
             hf = AutoModelForCausalLM.from_config(LlamaConfig(**shape), dtype=torch.bfloat16).eval()
         results = {}
         for setting in ("off", "on", "off2", "on2"):  # twice each, alternating: the figures' spread
-            if args.lever == "pdl":
-                pdl.ENABLED = setting.startswith("on")
-            else:
-                fused_stages.QKV_ROPE = setting.startswith("on")
+            module, switch = LEVERS[args.lever]
+            setattr(module, switch, setting.startswith("on"))
             results[setting] = measure(hf, name, layer_kernels)
             for key, value in results[setting][0].items():
                 metrics[f"{name}_{key}_{args.lever}_{setting}"] = value
             print(name, setting, results[setting][0], flush=True)
         metrics[f"{name}_same_bits"] = float(all(torch.equal(a, b) for a, b in zip(results["off"][1], results["on"][1])))
+        metrics[f"{name}_max_abs_logit_diff"] = max((a - b).abs().max().item()
+                                                    for a, b in zip(results["off"][1], results["on"][1]))
         for key in results["off"][0]:
             off = min(results[s][0][key] for s in ("off", "off2"))
             on = min(results[s][0][key] for s in ("on", "on2"))

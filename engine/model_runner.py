@@ -222,11 +222,14 @@ def _attention_backend(name: str, device: torch.device, fixed_ranges_for: int | 
     """`fixed_ranges_for`: a max_model_len to fix the Triton kernel's key ranges for (batch-invariant)."""
     if name == "reference" or (name == "auto" and device.type != "cuda"):
         return paged_attention_reference
-    from engine.triton_attention import paged_attention_triton, split_len_for  # needs triton, only here
+    from engine import triton_attention  # needs triton, only here
 
-    if fixed_ranges_for is None:
-        return paged_attention_triton
-    return functools.partial(paged_attention_triton, split_len=split_len_for(fixed_ranges_for))
+    # the combine inside the attention kernel (triton_attention.FUSED_COMBINE): counters made now, before any capture
+    options = {"counters": triton_attention.combine_counters(device)} if triton_attention.FUSED_COMBINE else {}
+    if fixed_ranges_for is not None:
+        options["split_len"] = triton_attention.split_len_for(fixed_ranges_for)
+    return functools.partial(triton_attention.paged_attention_triton, **options) if options \
+        else triton_attention.paged_attention_triton
 
 
 def _max_model_len(hf_config: object, requested: int | None) -> int:
