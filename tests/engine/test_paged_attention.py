@@ -59,25 +59,30 @@ def test_kernel_matches_reference_fp32(num_heads, num_kv_heads, head_dim, block_
     torch.testing.assert_close(actual, expected, atol=1e-5, rtol=1e-5)
 
 
-def test_a_decode_token_gets_the_same_bits_in_any_batch():
-    """Key ranges are fixed by position, so neither the batch around a sequence (here a longer
-    neighbour widens the block table, so more ranges could exist) nor the programs sharing its ranges
-    change a single bit of its attention. (The neighbour's 300 keys are 19 ranges: more than the
-    combine loads at once.)"""
+@pytest.mark.parametrize("fused_combine", [False, True])
+def test_a_decode_token_gets_the_same_bits_in_any_batch(fused_combine):
+    """Key ranges are fixed by position, so neither the batch around a sequence (here a verify and a
+    longer neighbour widen the block table, so more ranges could exist) nor the programs sharing its
+    ranges change a single bit of its attention, with the combine kernel or the combine inside the
+    attention kernel (its counters zeroed after). (The neighbour's 300 keys are 19 ranges: more than
+    the combine kernel loads at once.)"""
     device = "cuda" if torch.cuda.is_available() else "cpu"
+    counters = combine_counters(torch.device(device)) if fused_combine else None
     alone = _batch_and_inputs(4, 2, 32, 16, device, torch.float32, [(1, 40)])
-    crowd = _batch_and_inputs(4, 2, 32, 16, device, torch.float32, [(1, 40), (1, 300), (1, 3)])
+    crowd = _batch_and_inputs(4, 2, 32, 16, device, torch.float32, [(1, 40), (5, 300), (1, 3)])
     q_alone, k_alone, v_alone, batch_alone = alone
     q_crowd, k_crowd, v_crowd, batch_crowd = crowd
     q_crowd[0] = q_alone[0]
     _copy_first_sequence(k_alone, v_alone, batch_alone, k_crowd, v_crowd, batch_crowd)
-    expected = paged_attention_triton(q_alone, k_alone, v_alone, batch_alone, 0.2, block_n=16, split_len=16)
+    expected = paged_attention_triton(q_alone, k_alone, v_alone, batch_alone, 0.2, block_n=16, split_len=16,
+                                      counters=counters)
     reference = paged_attention_reference(q_crowd, k_crowd, v_crowd, batch_crowd, 0.2)
     for programs in (1, 3):
         actual = paged_attention_triton(q_crowd, k_crowd, v_crowd, batch_crowd, 0.2, block_n=16, split_len=16,
-                                        programs_per_tile=programs)
+                                        programs_per_tile=programs, counters=counters)
         assert torch.equal(actual[0], expected[0])
-        torch.testing.assert_close(actual, reference, atol=1e-5, rtol=1e-5)  # 19 ranges: two combine loads
+        torch.testing.assert_close(actual, reference, atol=1e-5, rtol=1e-5)
+    assert counters is None or not counters.any()
 
 
 def _copy_first_sequence(k_src, v_src, batch_src, k_dst, v_dst, batch_dst) -> None:
@@ -106,28 +111,6 @@ def test_the_combine_inside_the_kernel_matches_the_reference_and_leaves_its_coun
     expected = paged_attention_reference(q, k_cache, v_cache, batch, head_dim**-0.5)
     torch.testing.assert_close(fused, expected, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(fused, two_kernels, atol=1e-6, rtol=1e-6)
-    assert not counters.any()
-
-
-def test_the_combine_inside_the_kernel_gives_a_token_the_same_bits_in_any_batch():
-    """A decode token alone, and the same token beside a verify and a 300-key decode (19 ranges), with
-    one or three programs a tile: its merged ranges are the same bits."""
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    counters = combine_counters(torch.device(device))
-    alone = _batch_and_inputs(4, 2, 32, 16, device, torch.float32, [(1, 40)])
-    crowd = _batch_and_inputs(4, 2, 32, 16, device, torch.float32, [(1, 40), (5, 300), (1, 3)])
-    q_alone, k_alone, v_alone, batch_alone = alone
-    q_crowd, k_crowd, v_crowd, batch_crowd = crowd
-    q_crowd[0] = q_alone[0]
-    _copy_first_sequence(k_alone, v_alone, batch_alone, k_crowd, v_crowd, batch_crowd)
-    expected = paged_attention_triton(q_alone, k_alone, v_alone, batch_alone, 0.2, block_n=16, split_len=16,
-                                      counters=counters)
-    reference = paged_attention_reference(q_crowd, k_crowd, v_crowd, batch_crowd, 0.2)
-    for programs in (1, 3):
-        actual = paged_attention_triton(q_crowd, k_crowd, v_crowd, batch_crowd, 0.2, block_n=16, split_len=16,
-                                        programs_per_tile=programs, counters=counters)
-        assert torch.equal(actual[0], expected[0])
-        torch.testing.assert_close(actual, reference, atol=1e-5, rtol=1e-5)
     assert not counters.any()
 
 
