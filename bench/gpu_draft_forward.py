@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import gc
 import sys
-from collections import defaultdict
 from pathlib import Path
 
 import torch
@@ -45,7 +44,7 @@ from engine.model_source import LoadedModel  # noqa: E402
 from engine.subset_head import SubsetLMHead  # noqa: E402
 from gpu_e2e import LLAMA_1B  # noqa: E402
 from report import save_report  # noqa: E402
-from timing import cuda_ms, decode_logits, prefilled_sequences, proposal_ms  # noqa: E402
+from timing import cuda_ms, decode_logits, kernel_census, prefilled_sequences, proposal_ms  # noqa: E402
 from tiny_models import build_tokenizer  # noqa: E402
 
 PROMPT = 512
@@ -93,27 +92,6 @@ def build(hf, setting: dict) -> ModelRunner:
         stages = runner.model.stages
         stages.greedy_ids = lambda model, hidden: stages.logits(model, hidden).argmax(-1)
     return runner
-
-
-def kernel_census(replay) -> dict[str, float]:
-    """Kernels of one replay: count, summed device time against the replay's, the costliest names."""
-    replay()
-    torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        replay()
-        torch.cuda.synchronize()
-    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    if not kernels:
-        return {"kernels": 0}
-    by_name: dict[str, float] = defaultdict(float)
-    for e in kernels:
-        by_name[e.name[:60]] += e.device_time_total / 1e3
-    start = min(e.time_range.start for e in kernels)
-    end = max(e.time_range.end for e in kernels)
-    census = {"kernels": len(kernels), "kernel_ms": sum(by_name.values()), "span_ms": (end - start) / 1e3}
-    for name, ms in sorted(by_name.items(), key=lambda kv: -kv[1])[:8]:
-        census[f"top:{name}"] = ms
-    return census
 
 
 def measure(hf, setting: dict, census: bool) -> tuple[dict[str, float], torch.Tensor, dict]:

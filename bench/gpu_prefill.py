@@ -3,8 +3,9 @@
 
 A prefill is an eager forward (the CUDA graphs serve decodes and verifies): the layers' stages
 torch.compile'd, cuBLAS products, the Triton attention. For each shape and variant: the wall time
-of a prefill (host sync included) over a few runs, then one under torch.profiler: the summed device
-time of its kernels (the rest of the wall time is the host's), the costliest kernels and host ops.
+of a prefill (host sync included) over a few runs, then one under torch.profiler (timing.kernel_census):
+its kernels' summed device time and span (the rest of the wall time is the host's), the costliest
+kernels and host ops.
 Variants: `compiled` (the services' way), `eager` (use_compile off: the stages in plain PyTorch),
 `nopdl` (compiled, the Triton kernels launched without programmatic dependent launch).
 Writes bench/results/gpu_prefill.json.
@@ -13,9 +14,9 @@ Usage: python bench/gpu_prefill.py [--prompt 128] [--variants compiled eager nop
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 import time
-from collections import defaultdict
 from pathlib import Path
 
 import torch
@@ -30,6 +31,7 @@ from engine.model_runner import ModelRunner, RuntimeConfig  # noqa: E402
 from engine.model_source import LoadedModel  # noqa: E402
 from gpu_e2e import LLAMA_1B, LLAMA_8B  # noqa: E402
 from report import save_report  # noqa: E402
+from timing import kernel_census  # noqa: E402
 from tiny_models import build_tokenizer  # noqa: E402
 
 SHAPES = {"8b": (LLAMA_8B, "fused"), "1b": (LLAMA_1B, "auto")}  # each service's default layer kernels
@@ -45,27 +47,6 @@ def prefill_ms(runner: ModelRunner, prompt: list[int]) -> float:
     elapsed = (time.perf_counter() - started) * 1e3
     kv.release()
     return elapsed
-
-
-def profile(runner: ModelRunner, prompt: list[int], metrics: dict, name: str) -> None:
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
-                                            torch.profiler.ProfilerActivity.CUDA]) as prof:
-        prefill_ms(runner, prompt)
-    events = prof.events()
-    kernels: dict[str, float] = defaultdict(float)
-    count = 0
-    for e in events:
-        if e.device_type == torch.autograd.DeviceType.CUDA:
-            kernels[e.name[:70]] += e.device_time_total / 1e3
-            count += 1
-    metrics[f"{name}_kernels"] = count
-    metrics[f"{name}_kernel_ms"] = sum(kernels.values())
-    for kernel, ms in sorted(kernels.items(), key=lambda kv: -kv[1])[:8]:
-        metrics[f"{name}_kernel:{kernel}"] = ms
-    host = prof.key_averages()
-    for row in sorted(host, key=lambda r: -r.self_cpu_time_total)[:10]:
-        metrics[f"{name}_host_self_ms:{row.key[:70]}"] = row.self_cpu_time_total / 1e3
-        metrics[f"{name}_host_calls:{row.key[:70]}"] = row.count
 
 
 def main() -> None:
@@ -95,7 +76,8 @@ def main() -> None:
             metrics[f"{name}_first_prefill_s"] = time.perf_counter() - started
             runs = sorted(prefill_ms(runner, prompt) for _ in range(5))
             metrics[f"{name}_prefill_ms"] = runs[len(runs) // 2]
-            profile(runner, prompt, metrics, name)
+            census = kernel_census(functools.partial(prefill_ms, runner, prompt), host_ops=10)
+            metrics.update({f"{name}_{key}": value for key, value in census.items()})
             print({k: v for k, v in metrics.items() if k.startswith(name)}, flush=True)
             save_report("gpu_prefill", metrics, args.out)  # after each: a call cut short keeps what it measured
             del runner

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import time
+from collections import defaultdict
 from collections.abc import Callable
 
 import torch
@@ -18,6 +19,33 @@ def cuda_ms(fn: Callable[[], object], iters: int = 20) -> float:
     end.record()
     torch.cuda.synchronize()
     return start.elapsed_time(end) / iters
+
+
+def kernel_census(fn: Callable[[], object], host_ops: int = 0) -> dict[str, float]:
+    """Kernels of one call of `fn` (after a warm-up call): count, summed device time against their
+    span, the costliest names; with `host_ops`, that many costliest host ops by self time too."""
+    fn()
+    torch.cuda.synchronize()
+    activities = [torch.profiler.ProfilerActivity.CUDA] + ([torch.profiler.ProfilerActivity.CPU] if host_ops else [])
+    with torch.profiler.profile(activities=activities) as prof:
+        fn()
+        torch.cuda.synchronize()
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    if not kernels:
+        return {"kernels": 0}
+    by_name: dict[str, float] = defaultdict(float)
+    for e in kernels:
+        by_name[e.name[:60]] += e.device_time_total / 1e3
+    start = min(e.time_range.start for e in kernels)
+    end = max(e.time_range.end for e in kernels)
+    census = {"kernels": len(kernels), "kernel_ms": sum(by_name.values()), "span_ms": (end - start) / 1e3}
+    for name, ms in sorted(by_name.items(), key=lambda kv: -kv[1])[:8]:
+        census[f"top:{name}"] = ms
+    host = sorted(prof.key_averages(), key=lambda r: -r.self_cpu_time_total)[:host_ops] if host_ops else []
+    for row in host:
+        census[f"host_self_ms:{row.key[:60]}"] = row.self_cpu_time_total / 1e3
+        census[f"host_calls:{row.key[:60]}"] = row.count
+    return census
 
 
 def prefilled_sequences(runner, gen: torch.Generator, count: int, prompt_len: int) -> list:

@@ -167,15 +167,16 @@ def _merge_ranges(part_out_ptr, part_lse_ptr, rows_at, row_splits, d, d_valid, s
     """[BLOCK_M, BLOCK_D] float32: each row's ranges 0 .. row_splits - 1 merged, one range at a time
     in order (element-wise only: a row's bits do not depend on BLOCK_M); rows_at: each row's offset
     in the partial outputs (token * stride_pt + head * stride_ph)."""
+    num_splits = tl.max(row_splits, axis=0)
     top = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    for j in range(0, tl.max(row_splits, axis=0)):
+    for j in range(0, num_splits):
         lse = tl.load(part_lse_ptr + (rows_at + j * stride_ps) // stride_ph, mask=j < row_splits,
                       other=float("-inf"), cache_modifier=".cg")
         top = tl.maximum(top, lse)
     top = tl.where(top == float("-inf"), 0.0, top)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     total = tl.zeros([BLOCK_M], dtype=tl.float32)
-    for j in range(0, tl.max(row_splits, axis=0)):
+    for j in range(0, num_splits):
         lse = tl.load(part_lse_ptr + (rows_at + j * stride_ps) // stride_ph, mask=j < row_splits,
                       other=float("-inf"), cache_modifier=".cg")
         weight = tl.exp(lse - top)  # 0 where the range saw no key (or is not the row's)
