@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
 from report import save_report  # noqa: E402
-from specdec.launch import choose_draft, launch_parser, start_trio  # noqa: E402
+from specdec.launch import choose_draft, interrupt_on_sigterm, launch_parser, start_trio  # noqa: E402
 from specdec.v1 import gateway_pb2  # noqa: E402
 from totals import Totals, timed_generate  # noqa: E402
 
@@ -98,6 +98,7 @@ def ratio_metrics(prefix: str, by_round: list[float], pooled_ratio: float) -> di
 
 
 def main() -> None:
+    interrupt_on_sigterm()  # a timeout's SIGTERM still stops the services
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--drafter", default=None, help="model or ngram; default: the launcher's default draft")
     parser.add_argument("--rounds", type=int, default=8)  # ratios are medians over rounds

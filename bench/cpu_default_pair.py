@@ -28,7 +28,7 @@ from distill.prompts import held_out_prompts  # noqa: E402
 from engine.model_source import DEFAULT_MODEL  # noqa: E402
 from report import save_report  # noqa: E402
 from specdec.client import build_request  # noqa: E402
-from specdec.launch import DEFAULT_DRAFT, start_trio  # noqa: E402
+from specdec.launch import DEFAULT_DRAFT, interrupt_on_sigterm, start_trio  # noqa: E402
 from specdec.v1 import draft_pb2, draft_pb2_grpc  # noqa: E402
 from totals import Totals, timed_generate  # noqa: E402
 
@@ -48,6 +48,7 @@ def summary(t: Totals, base: Totals) -> dict:
 
 
 def main() -> None:
+    interrupt_on_sigterm()  # a timeout's SIGTERM still stops the services
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--draft", default=str(DEFAULT_DRAFT), help="the distilled draft (model spec)")
     parser.add_argument("--max-new-tokens", type=int, default=64)

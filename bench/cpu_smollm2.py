@@ -24,7 +24,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 from engine.model_source import DEFAULT_MODEL, converted_gguf_dir, default_cache_dir, resolve_path  # noqa: E402
 from report import save_report  # noqa: E402
 from specdec.client import build_request  # noqa: E402
-from specdec.launch import start_trio  # noqa: E402
+from specdec.launch import interrupt_on_sigterm, start_trio  # noqa: E402
 from totals import Totals, timed_generate  # noqa: E402
 
 # Chat prompts of the kinds users send; several quote text the answer will reuse (where
@@ -58,6 +58,7 @@ def run_hf(model, tokenizer, prompt: str, max_new_tokens: int, prompt_lookup: in
 
 
 def main() -> None:
+    interrupt_on_sigterm()  # a timeout's SIGTERM still stops the services
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--k", type=int, default=2, help="the k reported as spec_tok_s")

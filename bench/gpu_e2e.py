@@ -55,7 +55,7 @@ from report import save_report  # noqa: E402
 from specdec.busy_poll import MODES as BUSY_POLL_MODES  # noqa: E402
 from specdec.client import collect  # noqa: E402
 from specdec.idle_cpus import IdleCpus  # noqa: E402
-from specdec.launch import Trio  # noqa: E402
+from specdec.launch import Trio, interrupt_on_sigterm  # noqa: E402
 from specdec.v1 import common_pb2, draft_pb2_grpc, gateway_pb2, gateway_pb2_grpc  # noqa: E402
 from step_times import decode_step_times  # noqa: E402
 from tiny_models import build_tokenizer  # noqa: E402
@@ -153,6 +153,7 @@ def hf_static_tok_s(shape: dict, prompts_ids: list[list[int]], batch: int, max_n
 
 
 def main() -> None:
+    interrupt_on_sigterm()  # a timeout's SIGTERM still stops the services
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tiny", action="store_true", help="tiny models on the CPU: checks the script only")
     parser.add_argument("--skip-hf", action="store_true")

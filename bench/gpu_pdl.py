@@ -1,15 +1,15 @@
 """H200 A/B of a switch of the fused layer kernels' graph steps: programmatic dependent launch
-(engine/pdl.py, the default `--lever pdl`), the QKV product with rotary in its epilogue
-(`--lever qkv_rope`, engine/fused_stages.QKV_ROPE) or the attention's combine inside its kernel
-(`--lever fused_combine`, engine/triton_attention.FUSED_COMBINE); random-weight Llama-3.1-8B
-(target) and Llama-3.2-1B (draft) shapes, bf16, prompt 512.
+(engine/pdl.py, the default `--lever pdl`) or the QKV product with rotary in its epilogue
+(`--lever qkv_rope`, engine/fused_stages.QKV_ROPE); random-weight Llama-3.1-8B (target) and
+Llama-3.2-1B (draft) shapes, bf16, prompt 512. (A third lever, the attention's combine inside its
+kernel, measured slower and was dropped: bench/results/gpu_fused_combine.json, README.)
 
 For each shape and each setting (off, then on; the same process, the graphs captured afresh):
 the device time of a batch-1 decode replay (q = 1) and verify replay (q = 5), the wall time of a
 k = 4 greedy proposal through the draft's captured loop (1B, host sync included), and whether the
 logits of a decode and a verify are the same bits either way (and their largest difference).
 Writes bench/results/gpu_LEVER.json.
-Usage: python bench/gpu_pdl.py [--lever pdl|qkv_rope|fused_combine] [--out PATH]
+Usage: python bench/gpu_pdl.py [--lever pdl|qkv_rope] [--out PATH]
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "bench"), str(ROOT / "tests")]
 
-from engine import fused_stages, pdl, triton_attention  # noqa: E402
+from engine import fused_stages, pdl  # noqa: E402
 from engine.batch import StepInput  # noqa: E402
 from engine.draft_loop import DraftLoop, LoopConfig  # noqa: E402
 from engine.model_runner import ModelRunner, RuntimeConfig  # noqa: E402
@@ -37,8 +37,7 @@ from tiny_models import build_tokenizer  # noqa: E402
 
 PROMPT = 512
 SHAPES = {"8b": (LLAMA_8B, "fused"), "1b": (LLAMA_1B, "auto")}  # each service's default layer kernels
-LEVERS = {"pdl": (pdl, "ENABLED"), "qkv_rope": (fused_stages, "QKV_ROPE"),
-          "fused_combine": (triton_attention, "FUSED_COMBINE")}  # read when a runner is built
+LEVERS = {"pdl": (pdl, "ENABLED"), "qkv_rope": (fused_stages, "QKV_ROPE")}  # read when a runner is built
 
 
 def measure(hf, name: str, layer_kernels: str) -> tuple[dict[str, float], list[torch.Tensor]]:

@@ -6,10 +6,12 @@ torch.compile'd, cuBLAS products, the Triton attention. For each shape and varia
 of a prefill (host sync included) over a few runs, then one under torch.profiler (timing.kernel_census):
 its kernels' summed device time and span (the rest of the wall time is the host's), the costliest
 kernels and host ops.
-Variants: `compiled` (the services' way), `eager` (use_compile off: the stages in plain PyTorch),
-`nopdl` (compiled, the Triton kernels launched without programmatic dependent launch).
+Variants: `graphed` (the services' way: the chunk replays its prefill bucket's CUDA graph,
+engine/cuda_graphs.py), `compiled` (the eager forward the services ran before), `eager` (use_compile
+off: the stages in plain PyTorch), `nopdl` (compiled, the Triton kernels launched without
+programmatic dependent launch).
 Writes bench/results/gpu_prefill.json.
-Usage: python bench/gpu_prefill.py [--prompt 128] [--variants compiled eager nopdl] [--out PATH]
+Usage: python bench/gpu_prefill.py [--prompt 128] [--variants graphed compiled eager nopdl] [--out PATH]
 """
 from __future__ import annotations
 
@@ -25,8 +27,9 @@ from transformers import AutoModelForCausalLM, LlamaConfig
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "bench"), str(ROOT / "tests")]
 
-from engine import pdl  # noqa: E402
+from engine import model_runner, pdl  # noqa: E402
 from engine.batch import StepInput  # noqa: E402
+from engine.cuda_graphs import GraphConfig  # noqa: E402
 from engine.model_runner import ModelRunner, RuntimeConfig  # noqa: E402
 from engine.model_source import LoadedModel  # noqa: E402
 from gpu_e2e import LLAMA_1B, LLAMA_8B  # noqa: E402
@@ -35,7 +38,9 @@ from timing import kernel_census  # noqa: E402
 from tiny_models import build_tokenizer  # noqa: E402
 
 SHAPES = {"8b": (LLAMA_8B, "fused"), "1b": (LLAMA_1B, "auto")}  # each service's default layer kernels
-VARIANTS = ("compiled", "eager", "nopdl")
+VARIANTS = ("graphed", "compiled", "eager", "nopdl")
+# graphed: the default prefill buckets, and a decode graph only (the profile needs none)
+model_runner.GraphConfig = lambda: GraphConfig(batch_buckets=(1,), query_buckets=(1,))
 
 
 def prefill_ms(runner: ModelRunner, prompt: list[int]) -> float:
@@ -66,7 +71,7 @@ def main() -> None:
             pdl.ENABLED = variant != "nopdl"
             runner = ModelRunner(
                 RuntimeConfig(model=f"random-{shape_name}", device="cuda", dtype="bfloat16", max_model_len=2048,
-                              kv_cache_tokens=4 * 2048, layer_kernels=layer_kernels, use_cuda_graphs=False,
+                              kv_cache_tokens=4 * 2048, layer_kernels=layer_kernels, use_cuda_graphs=variant == "graphed",
                               use_compile=variant != "eager"),
                 loaded=LoadedModel(f"random-{shape_name}", hf, build_tokenizer()),
             )

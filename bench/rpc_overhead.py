@@ -31,7 +31,7 @@ import grpc  # noqa: E402
 
 from gpu_e2e import LLAMA_1B, LLAMA_8B, generate, prompts_text, write_model_dir  # noqa: E402
 from report import save_report  # noqa: E402
-from specdec.launch import Trio  # noqa: E402
+from specdec.launch import Trio, interrupt_on_sigterm  # noqa: E402
 from specdec.v1 import common_pb2, draft_pb2_grpc, gateway_pb2_grpc, target_pb2_grpc  # noqa: E402
 from step_times import decode_step_times  # noqa: E402
 from tiny_models import build_model_dir, build_tokenizer  # noqa: E402
@@ -92,6 +92,7 @@ def model_dirs(work: Path, gpu: bool) -> tuple[str, str]:
 
 
 def main() -> None:
+    interrupt_on_sigterm()  # a timeout's SIGTERM still stops the services
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--gpu", action="store_true", help="8B / 1B shapes in bf16 on CUDA")
     parser.add_argument("--layer-kernels", choices=["auto", "fused", "reference"], default=None,

@@ -45,7 +45,7 @@ from gpu_e2e import LLAMA_1B, LLAMA_8B, TINY, prompts_text, run_config, write_mo
 from report import save_report  # noqa: E402
 from tiny_models import build_tokenizer  # noqa: E402
 
-from specdec.launch import Trio  # noqa: E402
+from specdec.launch import Trio, interrupt_on_sigterm  # noqa: E402
 from specdec.v1 import gateway_pb2_grpc  # noqa: E402
 
 Interval = tuple[int, int]  # start_ns, end_ns
@@ -119,6 +119,7 @@ def _stats_figures(name: str, result: dict) -> dict[str, float]:
 
 
 def main() -> None:
+    interrupt_on_sigterm()  # a timeout's SIGTERM still stops the services
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tiny", action="store_true", help="tiny models on the CPU: checks the script only")
     parser.add_argument("--prompt-tokens", type=int, default=128)

@@ -8,7 +8,8 @@ cache objects, which defeats varlen continuous batching and static-shape graph c
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -187,6 +188,18 @@ class CausalLM(nn.Module):
         from engine.fused_stages import FusedStages  # needs triton, only here
 
         self.stages = FusedStages(self.stages, max_rows, self.embed_tokens.weight.device)
+
+    @contextmanager
+    def fallback_stages(self) -> Iterator[None]:
+        """The forwards inside take the stages the fused kernels fall back to (compiled PyTorch, cuBLAS),
+        as eager forwards do, even while capturing (the prefill graphs: engine/cuda_graphs.py)."""
+        stages = self.stages
+        if stages.fused_kernels:
+            self.stages = LayerStages(stages.pre_attention, stages.post_attention)
+        try:
+            yield
+        finally:
+            self.stages = stages
 
     @torch.inference_mode()
     def forward(

@@ -116,7 +116,7 @@ class ModelRunner:
         # the fused kernels compute a row alike in any step; fixed key ranges make attention do so too
         fixed_ranges_for = self.max_model_len if config.layer_kernels == "fused" else None
         self.attention = _attention_backend(config.attention_backend, device, fixed_ranges_for)
-        self.num_eager_steps = 0  # forwards that did not replay a graph (prefill chunks, CPU)
+        self.num_eager_steps = 0  # forwards that did not replay a graph (long prefill chunks, CPU)
         self.graphs: CudaGraphRunner | None = None
         # see forward_groups; on CUDA the fused kernels run in graph steps only
         self.batch_invariant = config.layer_kernels == "fused" and (device.type == "cpu" or config.use_cuda_graphs)
@@ -175,6 +175,8 @@ class ModelRunner:
             step.kv.reserve(len(step.token_ids))
         if self.graphs is not None and self.graphs.can_run(steps):
             per_step = self.graphs.run(steps)
+        elif self.graphs is not None and self.graphs.can_prefill(steps):
+            per_step = [self.graphs.prefill(step) for step in steps]
         else:
             self.num_eager_steps += 1
             logits = self.model(build_forward_batch(steps, self.device), self.kv, self.attention)
@@ -222,14 +224,11 @@ def _attention_backend(name: str, device: torch.device, fixed_ranges_for: int | 
     """`fixed_ranges_for`: a max_model_len to fix the Triton kernel's key ranges for (batch-invariant)."""
     if name == "reference" or (name == "auto" and device.type != "cuda"):
         return paged_attention_reference
-    from engine import triton_attention  # needs triton, only here
+    from engine.triton_attention import paged_attention_triton, split_len_for  # needs triton, only here
 
-    # the combine inside the attention kernel (triton_attention.FUSED_COMBINE): counters made now, before any capture
-    options = {"counters": triton_attention.combine_counters(device)} if triton_attention.FUSED_COMBINE else {}
-    if fixed_ranges_for is not None:
-        options["split_len"] = triton_attention.split_len_for(fixed_ranges_for)
-    return functools.partial(triton_attention.paged_attention_triton, **options) if options \
-        else triton_attention.paged_attention_triton
+    if fixed_ranges_for is None:
+        return paged_attention_triton
+    return functools.partial(paged_attention_triton, split_len=split_len_for(fixed_ranges_for))
 
 
 def _max_model_len(hf_config: object, requested: int | None) -> int:

@@ -19,18 +19,8 @@ merges in order. Two ways to cut them:
   decode, a verify, a padded graph step or any batch around it: with the row-independent fused
   layer kernels (engine/fused_stages.py) this keeps bf16 speculative output equal to target-only
   output. It costs partial results and a combine at every context (bench/tune_attention.py).
-
-With `counters` (made before any graph capture, `combine_counters`) the combine runs inside the
-attention kernel, not as a kernel of its own: each program of a tile stores its ranges, then counts
-itself in the tile's counter, and the tile's last program merges the tile's rows and zeroes the
-counter for the next launch (the split products' scheme, engine/triton_linear.py). It merges a row's
-ranges one at a time, in order, with element-wise operations only, so a row's bits do not depend on
-the tile's shape (decode, verify, prefill alike); they differ in rounding from `combine_splits`, which
-sums BLOCK_S ranges at once. FUSED_COMBINE (SPECDEC_FUSED_COMBINE=1) makes the model runner pass them.
 """
 from __future__ import annotations
-
-import os
 
 import torch
 import triton
@@ -43,7 +33,7 @@ from engine.batch import ForwardBatch
 @triton.jit
 def _paged_attention_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, part_out_ptr, part_lse_ptr,
-    block_tables_ptr, cu_seqlens_q_ptr, context_lens_ptr, count_ptr,
+    block_tables_ptr, cu_seqlens_q_ptr, context_lens_ptr,
     scale,
     stride_qt, stride_qh,
     stride_kb, stride_ks, stride_kh,
@@ -62,8 +52,6 @@ def _paged_attention_kernel(
     DOT_PRECISION: tl.constexpr,
     PROGRAMS: tl.constexpr,  # programs per (sequence, head, query tile), each a run of its key ranges
     DIRECT: tl.constexpr,  # one key range is all there can be: write the output, not a partial
-    FUSED_COMBINE: tl.constexpr,  # the tile's last program merges the ranges (count_ptr: its counters)
-    NUM_SPLITS: tl.constexpr,  # slots of the partial buffers (FUSED_COMBINE)
     USE_PDL: tl.constexpr,
 ):
     if USE_PDL:  # engine/pdl.py
@@ -139,57 +127,12 @@ def _paged_attention_kernel(
         if SPLIT_LEN == 0 and not DIRECT and run >= num_ranges:  # the combine reads every program's slot
             part = run * stride_ps + (q_start + q_idx) * stride_pt + head * stride_ph
             tl.store(part_lse_ptr + part // stride_ph, tl.full([BLOCK_M], float("-inf"), tl.float32), mask=row_valid)
-        if FUSED_COMBINE:
-            tl.debug_barrier()  # every thread's partials stored before the count (release) says so
-            tile = (seq * tl.num_programs(1) + kv_head) * (tl.num_programs(2) // PROGRAMS) + q_tile
-            arrived = tl.atomic_add(count_ptr + tile, 1, sem="acq_rel")
-            if arrived == PROGRAMS - 1:  # the others' partials are in L2: merge the tile's rows
-                if SPLIT_LEN > 0:  # the ranges up to each row's own position (later slots may be stale)
-                    row_splits = tl.minimum(q_pos // SPLIT_LEN + 1, NUM_SPLITS)
-                else:  # a slot per program, each written
-                    row_splits = tl.zeros([BLOCK_M], dtype=tl.int32) + NUM_SPLITS
-                row_splits = tl.where(row_valid, row_splits, 0)
-                rows_at = (q_start + q_idx) * stride_pt + head * stride_ph
-                out = _merge_ranges(part_out_ptr, part_lse_ptr, rows_at, row_splits, d, d_valid, stride_ps,
-                                    stride_ph, BLOCK_M, BLOCK_D)
-                tl.store(out_ptr + (q_start + q_idx)[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :],
-                         out.to(out_ptr.dtype.element_ty), mask=row_d_valid)
-                tl.atomic_xchg(count_ptr + tile, 0)  # for the next launch
         if DIRECT:  # the only range there can be: the output itself
             out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
             tl.store(out_ptr + (q_start + q_idx)[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :],
                      out.to(out_ptr.dtype.element_ty), mask=row_d_valid)
 
 
-@triton.jit
-def _merge_ranges(part_out_ptr, part_lse_ptr, rows_at, row_splits, d, d_valid, stride_ps, stride_ph,
-                  BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
-    """[BLOCK_M, BLOCK_D] float32: each row's ranges 0 .. row_splits - 1 merged, one range at a time
-    in order (element-wise only: a row's bits do not depend on BLOCK_M); rows_at: each row's offset
-    in the partial outputs (token * stride_pt + head * stride_ph)."""
-    num_splits = tl.max(row_splits, axis=0)
-    top = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    for j in range(0, num_splits):
-        lse = tl.load(part_lse_ptr + (rows_at + j * stride_ps) // stride_ph, mask=j < row_splits,
-                      other=float("-inf"), cache_modifier=".cg")
-        top = tl.maximum(top, lse)
-    top = tl.where(top == float("-inf"), 0.0, top)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    total = tl.zeros([BLOCK_M], dtype=tl.float32)
-    for j in range(0, num_splits):
-        lse = tl.load(part_lse_ptr + (rows_at + j * stride_ps) // stride_ph, mask=j < row_splits,
-                      other=float("-inf"), cache_modifier=".cg")
-        weight = tl.exp(lse - top)  # 0 where the range saw no key (or is not the row's)
-        seen = (j < row_splits) & (lse > float("-inf"))  # a range that saw no key may be unwritten
-        part = tl.load(part_out_ptr + (rows_at + j * stride_ps)[:, None] + d[None, :],
-                       mask=seen[:, None] & d_valid[None, :], other=0.0, cache_modifier=".cg")
-        acc += weight[:, None] * part
-        total += weight
-    return acc / tl.maximum(total, 1e-30)[:, None]
-
-
-FUSED_COMBINE = os.environ.get("SPECDEC_FUSED_COMBINE", "0") == "1"  # not measured yet: off
-MAX_COMBINE_TILES = 8192  # (sequence, KV head, query tile) counters a fused combine may use
 SPLIT_LEN = 128  # keys per range at most contexts (`split_len_for`); one BLOCK_N tile
 MAX_SPLITS = 64  # ranges a context may have: bounds the partial buffers of a step
 # The fewest query tokens per tile for a step. 8 would give decode (1 query) and verify (k + 1) the
@@ -216,7 +159,6 @@ def paged_attention_triton(
     num_stages: int = 3,
     split_len: int | None = None,  # keys per range, one constant per engine; None: fill the GPU (see the module doc)
     programs_per_tile: int | None = None,  # None: enough to fill the GPU; never changes the result
-    counters: torch.Tensor | None = None,  # combine in this kernel: zeroed int32 (combine_counters)
 ) -> torch.Tensor:  # [T, num_heads, head_dim]
     """Asserting host wrapper: every shape, dtype and stride is checked before launch."""
     num_tokens, num_heads, head_dim = q.shape
@@ -245,9 +187,6 @@ def paged_attention_triton(
     else:  # the block tables are as wide as the longest context may grow: that many ranges at most
         max_splits = triton.cdiv(batch.block_tables.shape[1] * block_size, split_len)
         programs = programs_per_tile or _programs_per_tile(num_tiles, max_splits, q.device)
-    fused = counters is not None and max_splits > 1 and num_tiles <= counters.numel()
-    if fused:
-        assert counters.dtype == torch.int32
     if max_splits > 1:
         part_out = torch.empty((max_splits, num_tokens, num_heads, head_dim), dtype=torch.float32, device=q.device)
         part_lse = torch.empty((max_splits, num_tokens, num_heads), dtype=torch.float32, device=q.device)
@@ -255,7 +194,7 @@ def paged_attention_triton(
         part_out = part_lse = torch.empty((1, 1, 1, 1), dtype=torch.float32, device=q.device)
     _paged_attention_kernel[(num_seqs, num_kv_heads, q_tiles * programs)](
         q, k_cache, v_cache, out, part_out, part_lse,
-        batch.block_tables, batch.cu_seqlens_q_t, batch.context_lens, counters if fused else batch.context_lens,
+        batch.block_tables, batch.cu_seqlens_q_t, batch.context_lens,
         scale,
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
@@ -267,20 +206,10 @@ def paged_attention_triton(
         BLOCK_SIZE=block_size, BLOCK_N=block_n, BLOCK_Q=block_q, BLOCK_M=block_m,
         # float32 models stay exact float32 (no TF32), so greedy output matches the reference
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        PROGRAMS=programs, DIRECT=max_splits == 1, FUSED_COMBINE=fused, NUM_SPLITS=max_splits,
+        PROGRAMS=programs, DIRECT=max_splits == 1,
         num_warps=num_warps, num_stages=num_stages, **pdl.launch_options(q.device),
     )
-    if max_splits == 1 or fused:
-        return out
-    return combine_splits(part_out, part_lse, batch.positions, split_len or 0, out)
-
-
-def combine_counters(device: torch.device) -> torch.Tensor:
-    """Zeroed counters for the fused combine; each launch leaves them zeroed. One set for one model's
-    kernels, which run one at a time on its stream."""
-    assert not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()), \
-        "a fused combine in a CUDA graph takes counters made before the capture"
-    return torch.zeros(MAX_COMBINE_TILES, dtype=torch.int32, device=device)
+    return out if max_splits == 1 else combine_splits(part_out, part_lse, batch.positions, split_len or 0, out)
 
 
 @triton.jit

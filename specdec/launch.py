@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = launch_parser()
     args = parser.parse_args(argv)
     choose_draft(args, parser)
-    signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM stops the children too, like Ctrl-C
+    interrupt_on_sigterm()
     with tempfile.TemporaryDirectory(prefix="specdec-") as tmp:
         trio, gateway_address = None, None
         try:
@@ -175,6 +175,12 @@ def choose_draft(args: argparse.Namespace, parser: argparse.ArgumentParser) -> N
     if args.num_draft_tokens is None:
         args.num_draft_tokens = DEFAULT_K[args.drafter]
     args.num_draft_tokens = int(args.num_draft_tokens)
+
+
+def interrupt_on_sigterm() -> None:
+    """SIGTERM (`kill`'s, `timeout`'s) raises KeyboardInterrupt as Ctrl-C does, so the `finally` that
+    stops a Trio runs: without it the parent dies at once and its services live on."""
+    signal.signal(signal.SIGTERM, _interrupt)
 
 
 def _interrupt(signum: int, frame: object) -> None:

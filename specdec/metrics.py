@@ -88,8 +88,10 @@ class EngineCollector(Collector):
                     values, stats["kv_block_size"])
             if source.runner is not None:
                 graphs = family("specdec_engine_cuda_graph_steps", "counter",
-                                "Forwards that replayed a captured CUDA graph (hit) or ran eagerly (miss)", ["result"])
-                graphs.add_metric([*values, "hit"], source.runner.graphs.num_replays if source.runner.graphs else 0)
+                                "Steps and prefill chunks that replayed a captured CUDA graph (hit), forwards that ran "
+                                "eagerly (miss)", ["result"])
+                replayed = source.runner.graphs
+                graphs.add_metric([*values, "hit"], replayed.num_replays + replayed.num_prefill_replays if replayed else 0)
                 graphs.add_metric([*values, "miss"], source.runner.num_eager_steps)
             d = source.description
             info.add_metric(values, {"role": self._role, "model_id": d.model_id, "architecture": d.architecture,

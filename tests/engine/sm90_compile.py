@@ -54,12 +54,10 @@ def main() -> None:
     print("rms_norm:", compile_sm90(triton_norm._rms_norm_kernel, norm, dict(BLOCK_K=2048, USE_PDL=True)))
     attention = {n: BF16 for n in ("q_ptr", "k_cache_ptr", "v_cache_ptr", "out_ptr")} | \
         {"part_out_ptr": "*fp32", "part_lse_ptr": "*fp32", "block_tables_ptr": "*i32", "cu_seqlens_q_ptr": "*i32",
-         "context_lens_ptr": "*i32", "count_ptr": "*i32"}
-    for split_len, fused in ((128, False), (128, True), (0, True)):
-        size = compile_sm90(triton_attention._paged_attention_kernel, attention, dict(
-            SPLIT_LEN=split_len, GROUP=4, HEAD_DIM=64, BLOCK_D=64, BLOCK_SIZE=16, BLOCK_N=128, BLOCK_Q=1, BLOCK_M=16,
-            DOT_PRECISION="tf32", PROGRAMS=4, DIRECT=False, FUSED_COMBINE=fused, NUM_SPLITS=8, USE_PDL=True))
-        print(f"paged_attention split_len={split_len} fused_combine={fused}: {size}")
+         "context_lens_ptr": "*i32"}
+    print("paged_attention:", compile_sm90(triton_attention._paged_attention_kernel, attention, dict(
+        SPLIT_LEN=128, GROUP=4, HEAD_DIM=64, BLOCK_D=64, BLOCK_SIZE=16, BLOCK_N=128, BLOCK_Q=1, BLOCK_M=16,
+        DOT_PRECISION="tf32", PROGRAMS=4, DIRECT=False, USE_PDL=True)))
     step = {"token_ptr": "*i64", "base_ptr": "*i64", "tables_ptr": "*i32", "ids_ptr": "*i64", "positions_ptr": "*i64",
             "slots_ptr": "*i64", "context_ptr": "*i32"}
     print("draft_step:", compile_sm90(triton_draft_step._advance_kernel, step, dict(BLOCK_SIZE=16, BLOCK_B=8, USE_PDL=True)))

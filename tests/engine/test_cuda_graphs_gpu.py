@@ -1,5 +1,5 @@
-"""CUDA-graph replays compute what the eager forward computes, and steady state never recaptures
-or recompiles (torch.compile'd layer stages)."""
+"""CUDA-graph replays (decode, verify, prefill chunks) compute what the eager forward computes, and
+steady state never recaptures or recompiles (torch.compile'd layer stages)."""
 from __future__ import annotations
 
 import pytest
@@ -9,6 +9,7 @@ from engine.batch import StepInput
 from engine.draft_loop import DraftLoop
 from test_draft_loop import check_device_loop_matches_stepwise
 from engine import model_runner
+from engine.cuda_graphs import GraphConfig
 from engine.linear import Int8Linear
 from engine.model_runner import ModelRunner, RuntimeConfig
 
@@ -25,8 +26,9 @@ def test_graph_replays_match_eager_forwards_and_never_recapture(model_dirs):
     captures = graphed.graphs.num_captures
     prompts = [list(range(3, 3 + n)) for n in (20, 9, 33)]
     seqs = {r: [r.kv.new_sequence() for _ in prompts] for r in (graphed, eager)}
-    for r in (graphed, eager):  # prefills of > 8 tokens run eagerly in both
-        r.forward([StepInput(kv, p, 1) for kv, p in zip(seqs[r], prompts)])
+    prefilled = {r: r.forward([StepInput(kv, p, 1) for kv, p in zip(seqs[r], prompts)]) for r in (graphed, eager)}
+    for a, b in zip(prefilled[graphed], prefilled[eager]):  # the graphed: a prefill graph's replay per prompt
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
     compiled_graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
     torch.manual_seed(0)
     for step in range(12):  # decode and verify shapes, mixed within a batch, batch sizes 1..3
@@ -42,7 +44,8 @@ def test_graph_replays_match_eager_forwards_and_never_recapture(model_dirs):
     assert graphed.graphs.num_replays == 12
     assert graphed.graphs.num_captures == captures  # no capture after start-up
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == compiled_graphs  # and no recompile
-    assert graphed.num_eager_steps == 1  # only the long prefill
+    assert graphed.graphs.num_prefill_replays == 3
+    assert graphed.num_eager_steps == 0 and eager.num_eager_steps == 13
 
 
 @pytest.mark.parametrize("captured", [False, True])
@@ -86,7 +89,8 @@ def test_fused_kernels_give_a_token_the_same_logits_in_any_step(model_dirs):
     crowded_kv, short, long = open_sequence(prompt), open_sequence(prompt[:30]), open_sequence(prompt[:90] * 2)
     crowded = runner.forward([StepInput(short, [1, 2], 2), StepInput(crowded_kv, tokens, len(tokens)),
                               StepInput(long, [9], 1)])[1]
-    assert runner.num_eager_steps == 5  # the prefills only: every step above replayed a graph
+    assert runner.num_eager_steps == 0  # every step above replayed a graph, the prefills too
+    assert runner.graphs.num_prefill_replays == 5
     for other in (verified, crowded):
         assert torch.equal(decoded, other), f"max |difference| {(decoded.float() - other.float()).abs().max()}"
 
@@ -108,8 +112,31 @@ def test_programmatic_dependent_launch_gives_the_same_logits_as_plain_launches(m
             sizes = [1 + (step + i) % 5 for i in range(3)]
             logits = runner.forward([StepInput(kv, [5 + step + j for j in range(n)], n) for kv, n in zip(kvs, sizes)])
             out += [x.clone() for x in logits]
-        assert runner.num_eager_steps == 1
+        assert runner.num_eager_steps == 0 and runner.graphs.num_prefill_replays == 3
         return out
 
     plain, dependent = steps_with(False), steps_with(True)
     assert all(torch.equal(a, b) for a, b in zip(plain, dependent))
+
+
+def test_prefill_chunks_replay_their_buckets_graph_and_longer_ones_run_eagerly(model_dirs, monkeypatch):
+    """A prefill chunk pads to its bucket (its logits: its last token's); one past the largest bucket,
+    or a forward of more chunks than the replays allow, runs eagerly; both continue alike after."""
+    monkeypatch.setattr(model_runner, "GraphConfig", lambda: GraphConfig(prefill_buckets=(16, 32)))
+    graphed, eager = _runner(model_dirs["target"], True), _runner(model_dirs["target"], False)
+    lengths = (10, 16, 17, 32, 33)  # into 16, 16, 32, 32, and past 32 (eager)
+    seqs = {r: [r.kv.new_sequence() for _ in lengths] for r in (graphed, eager)}
+    for i, n in enumerate(lengths):
+        prompt = [3 + (7 * j + i) % 250 for j in range(n)]
+        out = {r: r.forward([StepInput(seqs[r][i], prompt, 1)])[0] for r in (graphed, eager)}
+        assert out[graphed].shape == (1, graphed.description.vocab_size)
+        torch.testing.assert_close(out[graphed], out[eager], atol=1e-4, rtol=1e-4)
+    assert (graphed.graphs.num_prefill_replays, graphed.num_eager_steps) == (4, 1)
+    no_logits = graphed.forward([StepInput(graphed.kv.new_sequence(), list(range(3, 23)), 0)])
+    assert no_logits[0].shape == (0, graphed.description.vocab_size)
+    many = [graphed.kv.new_sequence() for _ in range(9)]  # past MAX_PREFILL_REPLAYS: one eager forward
+    graphed.forward([StepInput(kv, list(range(3, 15)), 1) for kv in many])
+    assert (graphed.graphs.num_prefill_replays, graphed.num_eager_steps) == (5, 2)
+    decoded = {r: r.forward([StepInput(kv, [5], 1) for kv in seqs[r]]) for r in (graphed, eager)}
+    for a, b in zip(decoded[graphed], decoded[eager]):  # the K/V the graphs wrote is the eager forward's
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)

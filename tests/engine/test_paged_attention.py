@@ -8,8 +8,7 @@ import torch
 from engine.attention import paged_attention_reference
 from engine.batch import StepInput, build_forward_batch
 from engine.kv_cache import KVCacheConfig, KVPool
-from engine import triton_attention
-from engine.triton_attention import combine_counters, paged_attention_triton
+from engine.triton_attention import paged_attention_triton
 
 # (new tokens, context length after the step): decode, verify k=4, a prefill chunk after earlier
 # context, a whole prompt crossing several blocks, a verify right at a block boundary
@@ -59,30 +58,25 @@ def test_kernel_matches_reference_fp32(num_heads, num_kv_heads, head_dim, block_
     torch.testing.assert_close(actual, expected, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("fused_combine", [False, True])
-def test_a_decode_token_gets_the_same_bits_in_any_batch(fused_combine):
-    """Key ranges are fixed by position, so neither the batch around a sequence (here a verify and a
-    longer neighbour widen the block table, so more ranges could exist) nor the programs sharing its
-    ranges change a single bit of its attention, with the combine kernel or the combine inside the
-    attention kernel (its counters zeroed after). (The neighbour's 300 keys are 19 ranges: more than
-    the combine kernel loads at once.)"""
+def test_a_decode_token_gets_the_same_bits_in_any_batch():
+    """Key ranges are fixed by position, so neither the batch around a sequence (here a longer
+    neighbour widens the block table, so more ranges could exist) nor the programs sharing its ranges
+    change a single bit of its attention. (The neighbour's 300 keys are 19 ranges: more than the
+    combine loads at once.)"""
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    counters = combine_counters(torch.device(device)) if fused_combine else None
     alone = _batch_and_inputs(4, 2, 32, 16, device, torch.float32, [(1, 40)])
-    crowd = _batch_and_inputs(4, 2, 32, 16, device, torch.float32, [(1, 40), (5, 300), (1, 3)])
+    crowd = _batch_and_inputs(4, 2, 32, 16, device, torch.float32, [(1, 40), (1, 300), (1, 3)])
     q_alone, k_alone, v_alone, batch_alone = alone
     q_crowd, k_crowd, v_crowd, batch_crowd = crowd
     q_crowd[0] = q_alone[0]
     _copy_first_sequence(k_alone, v_alone, batch_alone, k_crowd, v_crowd, batch_crowd)
-    expected = paged_attention_triton(q_alone, k_alone, v_alone, batch_alone, 0.2, block_n=16, split_len=16,
-                                      counters=counters)
+    expected = paged_attention_triton(q_alone, k_alone, v_alone, batch_alone, 0.2, block_n=16, split_len=16)
     reference = paged_attention_reference(q_crowd, k_crowd, v_crowd, batch_crowd, 0.2)
     for programs in (1, 3):
         actual = paged_attention_triton(q_crowd, k_crowd, v_crowd, batch_crowd, 0.2, block_n=16, split_len=16,
-                                        programs_per_tile=programs, counters=counters)
+                                        programs_per_tile=programs)
         assert torch.equal(actual[0], expected[0])
-        torch.testing.assert_close(actual, reference, atol=1e-5, rtol=1e-5)
-    assert counters is None or not counters.any()
+        torch.testing.assert_close(actual, reference, atol=1e-5, rtol=1e-5)  # 19 ranges: two combine loads
 
 
 def _copy_first_sequence(k_src, v_src, batch_src, k_dst, v_dst, batch_dst) -> None:
@@ -91,42 +85,6 @@ def _copy_first_sequence(k_src, v_src, batch_src, k_dst, v_dst, batch_dst) -> No
     num_blocks = -(-num_keys // k_src.shape[1])
     src, dst = batch_src.block_tables[0, :num_blocks].long(), batch_dst.block_tables[0, :num_blocks].long()
     k_dst[dst], v_dst[dst] = k_src[src], v_src[src]
-
-
-@pytest.mark.parametrize(("num_heads", "num_kv_heads", "head_dim"), [(4, 4, 32), (6, 2, 64), (3, 1, 48)])
-@pytest.mark.parametrize(("split_len", "programs_per_tile"), [(16, 1), (16, 3), (32, 2), (None, 3)])
-def test_the_combine_inside_the_kernel_matches_the_reference_and_leaves_its_counters_zeroed(
-        num_heads, num_kv_heads, head_dim, split_len, programs_per_tile, monkeypatch):
-    """With counters, each tile's last program merges the ranges (no combine kernel): the same
-    attention, within float32 rounding of the two-kernel path, and the counters ready for the next
-    launch. Three programs over 16-key ranges leave some programs of a tile no range at all."""
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    q, k_cache, v_cache, batch = _batch_and_inputs(num_heads, num_kv_heads, head_dim, 16, device, torch.float32)
-    counters = combine_counters(torch.device(device))
-    options = dict(block_n=16, split_len=split_len, programs_per_tile=programs_per_tile)
-    with monkeypatch.context() as patch:  # no combine kernel
-        patch.setattr(triton_attention, "combine_splits", lambda *args: pytest.fail("combine kernel launched"))
-        fused = paged_attention_triton(q, k_cache, v_cache, batch, head_dim**-0.5, counters=counters, **options)
-    two_kernels = paged_attention_triton(q, k_cache, v_cache, batch, head_dim**-0.5, **options)
-    expected = paged_attention_reference(q, k_cache, v_cache, batch, head_dim**-0.5)
-    torch.testing.assert_close(fused, expected, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(fused, two_kernels, atol=1e-6, rtol=1e-6)
-    assert not counters.any()
-
-
-def test_the_model_runner_passes_combine_counters_only_when_switched_on(monkeypatch):
-    """engine.triton_attention.FUSED_COMBINE: the runner's attention gets counters made at start
-    (before any graph capture), with the fixed ranges of a batch-invariant engine kept."""
-    from engine import triton_attention
-    from engine.model_runner import _attention_backend
-
-    monkeypatch.setattr(triton_attention, "FUSED_COMBINE", False)
-    assert "counters" not in getattr(_attention_backend("triton", torch.device("cpu"), 1024), "keywords", {})
-    monkeypatch.setattr(triton_attention, "FUSED_COMBINE", True)
-    backend = _attention_backend("triton", torch.device("cpu"), 1024)
-    assert backend.keywords["split_len"] == triton_attention.split_len_for(1024)
-    assert backend.keywords["counters"].dtype == torch.int32 and not backend.keywords["counters"].any()
-    assert "split_len" not in _attention_backend("triton", torch.device("cpu"), None).keywords
 
 
 def test_small_pages_are_gathered_into_full_tiles():
@@ -155,30 +113,6 @@ def test_kernel_matches_reference_bf16_cuda(num_heads, num_kv_heads, head_dim, b
         actual = paged_attention_triton(q, k_cache, v_cache, batch, head_dim**-0.5, split_len=split_len,
                                         programs_per_tile=programs)
         torch.testing.assert_close(actual.float(), expected, atol=2e-2, rtol=2e-2)
-
-
-@pytest.mark.gpu
-def test_the_combine_inside_the_kernel_matches_the_two_kernels_in_bf16_and_keeps_a_tokens_bits():
-    """Compiled on the GPU: the fused combine against the two-kernel path and the reference, its
-    counters zeroed after, and the token at position 300 bit-equal alone as a decode and third of five
-    in a verify beside other sequences."""
-    counters = combine_counters(torch.device("cuda"))
-    q, k_cache, v_cache, batch = _batch_and_inputs(32, 8, 128, 16, "cuda", torch.bfloat16)
-    expected = paged_attention_reference(q.float(), k_cache.float(), v_cache.float(), batch, 128**-0.5)
-    for split_len, programs in ((None, None), (128, None), (128, 1), (256, 2)):
-        options = dict(split_len=split_len, programs_per_tile=programs)
-        fused = paged_attention_triton(q, k_cache, v_cache, batch, 128**-0.5, counters=counters, **options)
-        two_kernels = paged_attention_triton(q, k_cache, v_cache, batch, 128**-0.5, **options)
-        torch.testing.assert_close(fused.float(), expected, atol=2e-2, rtol=2e-2)
-        torch.testing.assert_close(fused, two_kernels, atol=1e-2, rtol=1e-2)
-        assert not counters.any()
-    decode = _batch_and_inputs(32, 8, 128, 16, "cuda", torch.bfloat16, [(1, 301)])
-    verify = _batch_and_inputs(32, 8, 128, 16, "cuda", torch.bfloat16, [(5, 303), (5, 900), (1, 50)])
-    _copy_first_sequence(decode[1], decode[2], decode[3], verify[1], verify[2], verify[3])
-    verify[0][2] = decode[0][0]
-    alone = paged_attention_triton(*decode, 128**-0.5, split_len=128, counters=counters)
-    beside = paged_attention_triton(*verify, 128**-0.5, split_len=128, counters=counters)
-    assert torch.equal(beside[2], alone[0])
 
 
 @pytest.mark.gpu
