@@ -1,5 +1,5 @@
 """H200 A/B of the draft forward's levers, one process: a random-weight Llama-3.2-1B shape, bf16
-activations, prompt 512, the draft service's layer kernels (auto).
+activations, prompt 512 (--prompt), the draft service's layer kernels (auto).
 
 Each variant builds the runner afresh (its graphs captured with the setting) and gives the device
 time of a batch-1 decode replay (q = 1) and the wall time of a k = 4 greedy proposal through the
@@ -16,11 +16,14 @@ draft's captured loop at batch 1 and 8 (host sync included). The levers:
             its one Triton kernel (engine/triton_draft_step.py): A/Bs that kernel
   * fullpick the loop's greedy pick as an argmax of vocabulary-wide logits, not the reduced head's own
             (LayerStages.greedy_ids): A/Bs that pick
+  * attnN   attention's key ranges a tile at most (engine/triton_attention.MAX_FILL_SPLITS, default 16):
+            `attn1` never splits, so no combine kernel runs (a draft's attention is not batch-invariant,
+            so its split is free to choose); with a short --prompt, A/Bs the combine's cost
 For the first and the last variant, a kernel census of one decode replay (torch.profiler): kernels,
 the sum of their durations against the replay's time (the rest is gaps between kernels), and the
 costliest. Also whether each variant's decode logits pick the same top token as
 the plain variant of its weights and whether they are the same bits. Writes bench/results/gpu_draft_forward.json.
-Usage: python bench/gpu_draft_forward.py [--variants NAME ...] [--out PATH]
+Usage: python bench/gpu_draft_forward.py [--variants NAME ...] [--prompt 512] [--out PATH]
 """
 from __future__ import annotations
 
@@ -36,7 +39,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "bench"), str(ROOT / "tests")]
 
 from engine import model_runner  # noqa: E402
-from engine import draft_loop, fused_stages, pdl, triton_draft_step, triton_linear  # noqa: E402
+from engine import draft_loop, fused_stages, pdl, triton_attention, triton_draft_step, triton_linear  # noqa: E402
 from engine.batch import StepInput  # noqa: E402
 from engine.cuda_graphs import GraphConfig  # noqa: E402
 from engine.model_runner import ModelRunner, RuntimeConfig  # noqa: E402
@@ -54,11 +57,13 @@ VARIANTS = ["bf16", "bf16_split4", "bf16_pdl_split4", "int8_32k", "int8_32k_spli
             "int8all_32k_pdl_split4", "int8all_32k_pdl_split2", "int8all_32k_pdl_split8",
             "int8all_32k_pdl_split4_mink2048", "bf16_2", "int8all_32k_pdl_split4_2"]
 MIN_INT8_OUT = model_runner.CUDA_MIN_INT8_OUT_FEATURES
+MAX_FILL_SPLITS = triton_attention.MAX_FILL_SPLITS
 
 
 def settings(name: str) -> dict:
     parts = name.removesuffix("_2").split("_")
     split = next((int(p.removeprefix("split")) for p in parts if p.startswith("split")), 1)
+    attention_splits = next((int(p.removeprefix("attn")) for p in parts if p.startswith("attn")), MAX_FILL_SPLITS)
     return {
         "quantize": "int8" if parts[0].startswith("int8") else "none",
         "min_int8_out": 0 if parts[0] == "int8all" else MIN_INT8_OUT,
@@ -69,6 +74,7 @@ def settings(name: str) -> dict:
         "qkv_rope": "qkvrope" in parts,
         "reference_step": "refstep" in parts,
         "full_pick": "fullpick" in parts,
+        "attention_splits": attention_splits,
     }
 
 
@@ -77,6 +83,7 @@ def build(hf, setting: dict) -> ModelRunner:
     fused_stages.QKV_ROPE = setting["qkv_rope"]
     triton_linear.SPLIT_K, triton_linear.SPLIT_K_MIN_K = setting["split_k"], setting["split_k_min_k"]
     model_runner.CUDA_MIN_INT8_OUT_FEATURES = setting["min_int8_out"]
+    triton_attention.MAX_FILL_SPLITS = setting["attention_splits"]  # read at each launch, so at capture
     full_head = hf.lm_head
     if setting["head_rows"]:  # a fresh one: quantizing replaces the head's own rows
         hf.lm_head = SubsetLMHead(full_head.weight, torch.arange(setting["head_rows"]))
@@ -94,22 +101,22 @@ def build(hf, setting: dict) -> ModelRunner:
     return runner
 
 
-def measure(hf, setting: dict, census: bool) -> tuple[dict[str, float], torch.Tensor, dict]:
+def measure(hf, setting: dict, census: bool, prompt: int) -> tuple[dict[str, float], torch.Tensor, dict]:
     runner = build(hf, setting)
     gen = torch.Generator().manual_seed(0)
-    seqs = prefilled_sequences(runner, gen, 8, PROMPT)
+    seqs = prefilled_sequences(runner, gen, 8, prompt)
     kv = seqs[0]
     runner.forward([StepInput(kv, [100], 1)])  # fills the bucket's buffers
-    kv.truncate(PROMPT)
+    kv.truncate(prompt)
     replay = runner.graphs._graphs[(1, 1)].graph.replay
     metrics = {"replay_ms_q1": cuda_ms(replay, 200)}
     kernels = kernel_census(replay) if census else {}
-    logits = decode_logits(runner, kv, gen, NUM_LOGIT_POSITIONS, PROMPT)
+    logits = decode_logits(runner, kv, gen, NUM_LOGIT_POSITIONS, prompt)
     fused_step = triton_draft_step.advance_step
     if setting["reference_step"]:  # read when the loop is built (engine/draft_loop.py)
         triton_draft_step.advance_step = draft_loop.advance_step_reference
     try:
-        metrics.update(proposal_ms(runner, seqs, PROMPT))
+        metrics.update(proposal_ms(runner, seqs, prompt))
     finally:
         triton_draft_step.advance_step = fused_step
     for s in seqs:
@@ -120,6 +127,7 @@ def measure(hf, setting: dict, census: bool) -> tuple[dict[str, float], torch.Te
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--variants", nargs="+", default=VARIANTS)
+    parser.add_argument("--prompt", type=int, default=PROMPT, help="tokens of context before the timed steps")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "gpu_draft_forward.json")
     args = parser.parse_args()
     torch.manual_seed(0)
@@ -129,12 +137,12 @@ def main() -> None:
     model_runner.GraphConfig = lambda: GraphConfig(batch_buckets=(1, 8), query_buckets=(1, 2, 5))
     with torch.device("cuda"):
         hf = AutoModelForCausalLM.from_config(LlamaConfig(**LLAMA_1B), dtype=torch.bfloat16).eval()
-    metrics: dict[str, float] = {}
+    metrics: dict[str, float] = {"prompt": args.prompt}
     logits: dict[str, torch.Tensor] = {}
     censuses: dict[str, dict] = {}
     for i, name in enumerate(args.variants):
         setting = settings(name)
-        result, logits[name], census = measure(hf, setting, census=i in (0, len(args.variants) - 1))
+        result, logits[name], census = measure(hf, setting, census=i in (0, len(args.variants) - 1), prompt=args.prompt)
         gc.collect()
         torch.cuda.empty_cache()
         for key, value in result.items():
