@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -154,6 +155,7 @@ def hf_static_tok_s(shape: dict, prompts_ids: list[list[int]], batch: int, max_n
 
 def main() -> None:
     interrupt_on_sigterm()  # a timeout's SIGTERM still stops the services
+    os.environ.setdefault("TQDM_DISABLE", "1")  # the services' capture progress bars: they drown a log's tail
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tiny", action="store_true", help="tiny models on the CPU: checks the script only")
     parser.add_argument("--skip-hf", action="store_true")
