@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import sys
 import tempfile
@@ -89,10 +90,23 @@ def write_reduced_head_draft(path: Path, base: str, head_rows: int) -> str:
 
 
 def prompts_text(tokenizer, count: int, num_tokens: int) -> list[str]:
-    """Prompts of about `num_tokens` tokens each, different from each other."""
+    """Prompts of `num_tokens` tokens each (as the gateway tokenizes them), different from each other.
+    Random ids decode to text that re-encodes longer (128 ids gave 203-232 tokens), so each prompt
+    drops its last id while its text encodes longer, and takes a word token while shorter."""
     gen = torch.Generator().manual_seed(0)
     vocab = len(tokenizer)
-    return [tokenizer.decode(torch.randint(3, vocab, (num_tokens,), generator=gen).tolist()) for _ in range(count)]
+    words = [i for i in range(vocab) if re.fullmatch(r" [a-z]+", tokenizer.decode([i]))]
+    prompts = []
+    for _ in range(count):
+        ids = torch.randint(3, vocab, (num_tokens,), generator=gen).tolist()
+        for _ in range(4 * num_tokens):
+            length = len(tokenizer.encode(text := tokenizer.decode(ids)))
+            if length == num_tokens:
+                break
+            ids = ids[:-1] if length > num_tokens else ids + [words[int(torch.randint(len(words), (1,), generator=gen))]]
+        assert length == num_tokens, f"no prompt of {num_tokens} tokens found"
+        prompts.append(text)
+    return prompts
 
 
 def generate(stub, prompt: str, max_new: int, k: int, draft_model: str | None = None):

@@ -31,7 +31,9 @@ class ForwardBatch:
     context_lens: torch.Tensor  # [B] int32 tokens in each sequence's KV after this step
     block_tables: torch.Tensor  # [B, max_blocks] int32 block ids (padding: 0)
     max_num_q: int  # the most new tokens of any one sequence
-    logits_indices: torch.Tensor  # [N] rows of the hidden states that need logits
+    # [N] rows of the hidden states that need logits; None: every row (a graph step's padded batch: no
+    # gather kernel, which PDL could not overlap)
+    logits_indices: torch.Tensor | None
 
     @property
     def num_sequences(self) -> int:

@@ -164,7 +164,7 @@ class StaticInputs:
             context_lens=device_int[:b],
             block_tables=device_int[b:].view(b, max_blocks),
             max_num_q=q,
-            logits_indices=torch.arange(b * q, device=device),
+            logits_indices=None,  # every row
         )
 
     def fill(self, steps: list[StepInput]) -> None:

@@ -201,7 +201,7 @@ class DraftLoop:
             context_lens=torch.full((b,), q, dtype=torch.int32, device=device),
             block_tables=first.block_tables,  # the same tables: filled once per proposal
             max_num_q=1,
-            logits_indices=torch.arange(b, device=device),
+            logits_indices=None,  # every row
         )
 
         params = _RowParams.empty(b, device) if sampled else None

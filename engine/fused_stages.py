@@ -36,7 +36,7 @@ import torch
 from torch import nn
 
 from engine.linear import Int8Linear
-from engine.llama import CausalLM, DecoderLayer, LayerStages
+from engine.llama import CausalLM, DecoderLayer, LayerStages, Rotary
 from engine.subset_head import SubsetLMHead
 from engine.triton_linear import skinny_linear, split_counters
 from engine.triton_norm import rms_norm_triton
@@ -64,16 +64,17 @@ class FusedStages(LayerStages):
         # the model's kernels run one at a time, on its stream
         self.counters = split_counters(device) if device.type == "cuda" else None
 
-    def attention_inputs(self, layer: DecoderLayer, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+    def attention_inputs(self, layer: DecoderLayer, hidden: torch.Tensor, rotary: Rotary,
                          k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> torch.Tensor:
         if not self._is_fused_step(hidden):
-            return super().attention_inputs(layer, hidden, cos, sin, k_cache, v_cache, slot_mapping)
+            return super().attention_inputs(layer, hidden, rotary, k_cache, v_cache, slot_mapping)
         x = rms_norm_triton(hidden, layer.input_norm, layer.eps)
         weight, scale = _weight_and_scale(layer.qkv)
+        tables = (rotary.cos_table, rotary.sin_table, rotary.positions)  # the kernels read the rows themselves
         if QKV_ROPE and qkv_rope_block_n(weight, layer.shape, int8=scale is not None) is not None:
-            return qkv_rope_and_write_kv(x, weight, layer.qkv.bias, cos, sin, k_cache, v_cache, slot_mapping,
+            return qkv_rope_and_write_kv(x, weight, layer.qkv.bias, *tables, k_cache, v_cache, slot_mapping,
                                          layer.shape, scale=scale)
-        return rope_and_write_kv(self._product(x, layer.qkv), cos, sin, k_cache, v_cache, slot_mapping, layer.shape)
+        return rope_and_write_kv(self._product(x, layer.qkv), *tables, k_cache, v_cache, slot_mapping, layer.shape)
 
     def attention_output(self, layer: DecoderLayer, hidden: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
         if not self._is_fused_step(hidden):

@@ -36,6 +36,23 @@ class ModelShape:
     vocab_size: int
 
 
+@dataclass
+class Rotary:
+    """A forward's rotary angles: the model's cos/sin tables and each token's position. The fused
+    kernels read the tables' rows themselves (engine/triton_rope.py); the PyTorch stages take the
+    rows gathered, once a forward, on first use."""
+
+    cos_table: torch.Tensor  # [max_positions, head_dim]
+    sin_table: torch.Tensor  # [max_positions, head_dim]
+    positions: torch.Tensor  # [T]
+    _rows: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def rows(self) -> tuple[torch.Tensor, torch.Tensor]:  # cos, sin [T, head_dim]
+        if self._rows is None:
+            self._rows = (self.cos_table[self.positions], self.sin_table[self.positions])
+        return self._rows
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     # in float32 like HF, then back to the activation dtype
     xf = x.float()
@@ -101,9 +118,10 @@ class LayerStages:
         return LayerStages(torch.compile(pre_attention, dynamic=True, fullgraph=True),
                            torch.compile(post_attention, dynamic=True, fullgraph=True))
 
-    def attention_inputs(self, layer: DecoderLayer, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+    def attention_inputs(self, layer: DecoderLayer, hidden: torch.Tensor, rotary: Rotary,
                          k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> torch.Tensor:
         """The layer's queries [T, H, D]; its keys and values go to the cache."""
+        cos, sin = rotary.rows()
         q, k, v = self.pre_attention(hidden, layer.input_norm, layer.qkv, cos, sin, layer.shape, layer.eps)
         write_kv(k, v, k_cache, v_cache, slot_mapping)
         return q
@@ -141,15 +159,14 @@ class DecoderLayer(nn.Module):
     def forward(
         self,
         hidden: torch.Tensor,  # [T, hidden]
-        cos: torch.Tensor,  # [T, head_dim]
-        sin: torch.Tensor,  # [T, head_dim]
+        rotary: Rotary,
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
         batch: ForwardBatch,
         attention: AttentionFn,
         stages: LayerStages,
     ) -> torch.Tensor:
-        q = stages.attention_inputs(self, hidden, cos, sin, k_cache, v_cache, batch.slot_mapping)
+        q = stages.attention_inputs(self, hidden, rotary, k_cache, v_cache, batch.slot_mapping)
         attn = attention(q, k_cache, v_cache, batch, self.shape.head_dim**-0.5)
         return stages.attention_output(self, hidden, attn)
 
@@ -207,10 +224,10 @@ class CausalLM(nn.Module):
         greedy: bool = False,
     ) -> torch.Tensor:  # [N, vocab] float32 logits at batch.logits_indices (greedy: [N] argmax ids)
         hidden = self.embed_tokens(batch.input_ids)
-        cos, sin = self.cos[batch.positions], self.sin[batch.positions]
+        rotary = Rotary(self.cos, self.sin, batch.positions)
         for layer, k_cache, v_cache in zip(self.layers, kv.k, kv.v):
-            hidden = layer(hidden, cos, sin, k_cache, v_cache, batch, attention, self.stages)
-        rows = hidden[batch.logits_indices]
+            hidden = layer(hidden, rotary, k_cache, v_cache, batch, attention, self.stages)
+        rows = hidden if batch.logits_indices is None else hidden[batch.logits_indices]
         return self.stages.greedy_ids(self, rows) if greedy else self.stages.logits(self, rows)
 
 

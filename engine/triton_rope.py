@@ -2,8 +2,9 @@
 rotated queries and the paged cache (instead of a split, two rotations and two scatters).
 
 One program per token: it rotates the token's query heads into `q`, and its key heads (rotated)
-and value heads into the cache slot `slot_mapping` names. `rope_and_write_kv_reference` is the
-same in PyTorch.
+and value heads into the cache slot `slot_mapping` names. Both kernels read the model's cos/sin
+tables at each token's position themselves (no gathered copy: two PyTorch index kernels a forward
+fewer, which also sat between PDL launches). `rope_and_write_kv_reference` is the same in PyTorch.
 
 `qkv_rope_and_write_kv` goes one kernel further: the QKV product itself (the skinny linear's
 strip product, engine/triton_linear.py) with the rotation and the cache write in its epilogue, so
@@ -41,7 +42,7 @@ def _rotate_heads(src_ptr, dst_ptr, dst_head_stride, cos1, sin1, cos2, sin2,
 
 @triton.jit
 def _rope_write_kv_kernel(
-    qkv_ptr, cos_ptr, sin_ptr, slot_ptr, q_ptr, k_cache_ptr, v_cache_ptr,
+    qkv_ptr, cos_ptr, sin_ptr, pos_ptr, slot_ptr, q_ptr, k_cache_ptr, v_cache_ptr,
     stride_qkv, stride_cos, stride_sin, stride_q, stride_slot,
     NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_KVH: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -52,12 +53,13 @@ def _rope_write_kv_kernel(
         tl.extra.cuda.gdc_launch_dependents()
     HALF: tl.constexpr = HEAD_DIM // 2
     token = tl.program_id(0).to(tl.int64)
+    pos = tl.load(pos_ptr + token).to(tl.int64)  # the token's row of the tables
     d = tl.arange(0, BLOCK_HALF)[None, :]
     d_ok = d < HALF
-    cos1 = tl.load(cos_ptr + token * stride_cos + d, mask=d_ok, other=0.0).to(tl.float32)
-    cos2 = tl.load(cos_ptr + token * stride_cos + HALF + d, mask=d_ok, other=0.0).to(tl.float32)
-    sin1 = tl.load(sin_ptr + token * stride_sin + d, mask=d_ok, other=0.0).to(tl.float32)
-    sin2 = tl.load(sin_ptr + token * stride_sin + HALF + d, mask=d_ok, other=0.0).to(tl.float32)
+    cos1 = tl.load(cos_ptr + pos * stride_cos + d, mask=d_ok, other=0.0).to(tl.float32)
+    cos2 = tl.load(cos_ptr + pos * stride_cos + HALF + d, mask=d_ok, other=0.0).to(tl.float32)
+    sin1 = tl.load(sin_ptr + pos * stride_sin + d, mask=d_ok, other=0.0).to(tl.float32)
+    sin2 = tl.load(sin_ptr + pos * stride_sin + HALF + d, mask=d_ok, other=0.0).to(tl.float32)
     row = qkv_ptr + token * stride_qkv
     slot = tl.load(slot_ptr + token).to(tl.int64)
     _rotate_heads(row, q_ptr + token * stride_q, HEAD_DIM, cos1, sin1, cos2, sin2,
@@ -73,8 +75,9 @@ def _rope_write_kv_kernel(
 
 def rope_and_write_kv(
     qkv: torch.Tensor,  # [T, (H + 2 * KVH) * D] a layer's fused QKV projection
-    cos: torch.Tensor,  # [T, D]
-    sin: torch.Tensor,  # [T, D]
+    cos: torch.Tensor,  # [max_positions, D] the model's table
+    sin: torch.Tensor,  # [max_positions, D]
+    positions: torch.Tensor,  # [T] each token's row of the tables
     k_cache: torch.Tensor,  # [num_blocks, block_size, KVH, D]
     v_cache: torch.Tensor,  # [num_blocks, block_size, KVH, D]
     slot_mapping: torch.Tensor,  # [T] flat slot per token
@@ -85,7 +88,7 @@ def rope_and_write_kv(
     heads, kv_heads, head_dim = shape.num_heads, shape.num_kv_heads, shape.head_dim
     assert qkv.shape == (num_tokens, (heads + 2 * kv_heads) * head_dim) and qkv.stride(1) == 1
     assert head_dim % 2 == 0, "rotary embedding needs an even head_dim"
-    assert cos.shape == sin.shape == (num_tokens, head_dim) and cos.stride(1) == sin.stride(1) == 1
+    _check_tables(cos, sin, positions, num_tokens, head_dim)
     assert k_cache.shape == v_cache.shape and k_cache.shape[2:] == (kv_heads, head_dim)
     assert k_cache.is_contiguous() and v_cache.is_contiguous(), "caches must be contiguous"
     assert qkv.dtype == k_cache.dtype == v_cache.dtype
@@ -94,7 +97,7 @@ def rope_and_write_kv(
     if num_tokens == 0:
         return q
     _rope_write_kv_kernel[(num_tokens,)](
-        qkv, cos, sin, slot_mapping, q, k_cache, v_cache,
+        qkv, cos, sin, positions, slot_mapping, q, k_cache, v_cache,
         qkv.stride(0), cos.stride(0), sin.stride(0), q.stride(0), kv_heads * head_dim,
         NUM_HEADS=heads, NUM_KV_HEADS=kv_heads, HEAD_DIM=head_dim,
         BLOCK_H=triton.next_power_of_2(heads), BLOCK_KVH=triton.next_power_of_2(kv_heads),
@@ -104,9 +107,11 @@ def rope_and_write_kv(
     return q
 
 
-def rope_and_write_kv_reference(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
-                                v_cache: torch.Tensor, slot_mapping: torch.Tensor, shape: ModelShape) -> torch.Tensor:
+def rope_and_write_kv_reference(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
+                                k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor,
+                                shape: ModelShape) -> torch.Tensor:
     """`rope_and_write_kv` in PyTorch ops."""
+    cos, sin = cos[positions], sin[positions]
     q_size, kv_size = shape.num_heads * shape.head_dim, shape.num_kv_heads * shape.head_dim
     q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
     q = apply_rope(q.view(-1, shape.num_heads, shape.head_dim), cos, sin)
@@ -115,9 +120,14 @@ def rope_and_write_kv_reference(qkv: torch.Tensor, cos: torch.Tensor, sin: torch
     return q
 
 
+def _check_tables(cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor, num_tokens: int, head_dim: int) -> None:
+    assert cos.shape == sin.shape and cos.shape[1] == head_dim and cos.stride(1) == sin.stride(1) == 1
+    assert positions.shape == (num_tokens,) and not positions.is_floating_point()
+
+
 @triton.jit
 def _qkv_rope_write_kv_kernel(
-    x_ptr, w_ptr, bias_ptr, scale_ptr, cos_ptr, sin_ptr, slot_ptr, q_ptr, k_cache_ptr, v_cache_ptr,
+    x_ptr, w_ptr, bias_ptr, scale_ptr, cos_ptr, sin_ptr, pos_ptr, slot_ptr, q_ptr, k_cache_ptr, v_cache_ptr,
     M, K, stride_xm, stride_wn, stride_cos, stride_sin, stride_q, stride_slot,
     NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, EVEN_K: tl.constexpr,
@@ -151,11 +161,12 @@ def _qkv_rope_write_kv_kernel(
         x1, x2 = tl.split(tl.reshape(y.to(tl.float32), [BLOCK_M, PAIRS, 2]))
         p = offset // 2 + tl.arange(0, PAIRS)[None, :]
         r = rows[:, None].to(tl.int64)
+        pos = tl.load(pos_ptr + r, mask=row_ok[:, None], other=0).to(tl.int64)  # each row's table row
         mask = row_ok[:, None] & (p < HALF)
-        cos1 = tl.load(cos_ptr + r * stride_cos + p, mask=mask, other=0.0).to(tl.float32)
-        cos2 = tl.load(cos_ptr + r * stride_cos + HALF + p, mask=mask, other=0.0).to(tl.float32)
-        sin1 = tl.load(sin_ptr + r * stride_sin + p, mask=mask, other=0.0).to(tl.float32)
-        sin2 = tl.load(sin_ptr + r * stride_sin + HALF + p, mask=mask, other=0.0).to(tl.float32)
+        cos1 = tl.load(cos_ptr + pos * stride_cos + p, mask=mask, other=0.0).to(tl.float32)
+        cos2 = tl.load(cos_ptr + pos * stride_cos + HALF + p, mask=mask, other=0.0).to(tl.float32)
+        sin1 = tl.load(sin_ptr + pos * stride_sin + p, mask=mask, other=0.0).to(tl.float32)
+        sin2 = tl.load(sin_ptr + pos * stride_sin + HALF + p, mask=mask, other=0.0).to(tl.float32)
         out1 = (x1 * cos1 - x2 * sin1).to(dtype)
         out2 = (x2 * cos2 + x1 * sin2).to(dtype)
         if head < NUM_HEADS:
@@ -183,8 +194,9 @@ def qkv_rope_and_write_kv(
     x: torch.Tensor,  # [T, hidden] the normed hidden states
     weight: torch.Tensor,  # [(H + 2 * KVH) * D, hidden] the fused QKV projection (int8 with `scale`)
     bias: torch.Tensor | None,  # [(H + 2 * KVH) * D]
-    cos: torch.Tensor,  # [T, D]
-    sin: torch.Tensor,  # [T, D]
+    cos: torch.Tensor,  # [max_positions, D] the model's table
+    sin: torch.Tensor,  # [max_positions, D]
+    positions: torch.Tensor,  # [T] each token's row of the tables
     k_cache: torch.Tensor,  # [num_blocks, block_size, KVH, D]
     v_cache: torch.Tensor,  # [num_blocks, block_size, KVH, D]
     slot_mapping: torch.Tensor,  # [T] flat slot per token
@@ -200,7 +212,7 @@ def qkv_rope_and_write_kv(
     assert weight.shape == (n, hidden) and x.stride(1) == 1 and weight.stride(1) == 1
     assert (scale is None and weight.dtype == x.dtype) or (weight.dtype == torch.int8 and scale.shape == (n,))
     assert bias is None or bias.shape == (n,)
-    assert cos.shape == sin.shape == (num_tokens, head_dim) and cos.stride(1) == sin.stride(1) == 1
+    _check_tables(cos, sin, positions, num_tokens, head_dim)
     assert k_cache.shape == v_cache.shape and k_cache.shape[2:] == (kv_heads, head_dim)
     assert k_cache.is_contiguous() and v_cache.is_contiguous() and k_cache.dtype == x.dtype
     assert slot_mapping.shape == (num_tokens,)
@@ -212,7 +224,7 @@ def qkv_rope_and_write_kv(
         return q
     _qkv_rope_write_kv_kernel[(triton.cdiv(num_tokens, BLOCK_M), n // block_n)](
         x, weight, bias if bias is not None else x, scale if scale is not None else x,
-        cos, sin, slot_mapping, q, k_cache, v_cache,
+        cos, sin, positions, slot_mapping, q, k_cache, v_cache,
         num_tokens, hidden, x.stride(0), weight.stride(0), cos.stride(0), sin.stride(0), q.stride(0),
         kv_heads * head_dim,
         NUM_HEADS=heads, NUM_KV_HEADS=kv_heads, HEAD_DIM=head_dim,

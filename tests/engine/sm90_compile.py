@@ -37,14 +37,15 @@ def main() -> None:
             SPLIT_K=split, SILU_MUL=silu, HAS_BIAS=False, HAS_RESIDUAL=not silu, HAS_SCALE=int8, EVEN_K=True,
             EVEN_N=True, BLOCK_M=16, BLOCK_N=16, BLOCK_K=256, DOT_PRECISION="tf32", USE_PDL=True))
         print(f"skinny_linear split={split} silu_mul={silu} int8={int8}: {size}")
-    rope = {n: BF16 for n in ("qkv_ptr", "cos_ptr", "sin_ptr", "q_ptr", "k_cache_ptr", "v_cache_ptr")} | {"slot_ptr": "*i64"}
+    rope = {n: BF16 for n in ("qkv_ptr", "cos_ptr", "sin_ptr", "q_ptr", "k_cache_ptr", "v_cache_ptr")} | \
+        {"slot_ptr": "*i64", "pos_ptr": "*i64"}
     for head_dim in (64, 128):
         size = compile_sm90(triton_rope._rope_write_kv_kernel, rope, dict(
             NUM_HEADS=32, NUM_KV_HEADS=8, HEAD_DIM=head_dim, BLOCK_H=32, BLOCK_KVH=8, BLOCK_HALF=head_dim // 2,
             BLOCK_D=head_dim, USE_PDL=True))
         print(f"rope_write_kv head_dim={head_dim}: {size}")
     fused = {n: BF16 for n in ("x_ptr", "w_ptr", "bias_ptr", "scale_ptr", "cos_ptr", "sin_ptr", "q_ptr", "k_cache_ptr",
-                               "v_cache_ptr")} | {"slot_ptr": "*i64"}
+                               "v_cache_ptr")} | {"slot_ptr": "*i64", "pos_ptr": "*i64"}
     for head_dim, block_n, int8 in ((64, 16, False), (128, 32, False), (64, 16, True)):
         size = compile_sm90(triton_rope._qkv_rope_write_kv_kernel, fused | ({"w_ptr": "*i8"} if int8 else {}), dict(
             NUM_HEADS=32, NUM_KV_HEADS=8, HEAD_DIM=head_dim, HAS_BIAS=True, HAS_SCALE=int8, EVEN_K=True, BLOCK_M=16,

@@ -20,17 +20,23 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def _tables(num_tokens: int, head_dim: int, dtype: torch.dtype):
+    """Cos/sin tables of 40 positions (as the model's, halves repeated) and each token's position in them."""
+    angles = torch.rand(40, head_dim // 2, device=DEVICE) * 6
+    cos = torch.cat([angles.cos(), angles.cos()], dim=-1).to(dtype)
+    sin = torch.cat([angles.sin(), angles.sin()], dim=-1).to(dtype)
+    return cos, sin, torch.randint(0, 40, (num_tokens,), device=DEVICE)
+
+
 def _run(fn, shape: ModelShape, num_tokens: int, dtype: torch.dtype):
     torch.manual_seed(num_tokens)
     width = (shape.num_heads + 2 * shape.num_kv_heads) * shape.head_dim
     qkv = torch.randn(num_tokens, width, device=DEVICE).to(dtype)
-    angles = torch.rand(num_tokens, shape.head_dim // 2, device=DEVICE) * 6
-    cos = torch.cat([angles.cos(), angles.cos()], dim=-1).to(dtype)
-    sin = torch.cat([angles.sin(), angles.sin()], dim=-1).to(dtype)
+    cos, sin, positions = _tables(num_tokens, shape.head_dim, dtype)
     k_cache = torch.zeros(8, 4, shape.num_kv_heads, shape.head_dim, device=DEVICE, dtype=dtype)
     v_cache = torch.zeros_like(k_cache)
     slots = torch.randperm(32, device=DEVICE)[:num_tokens]
-    q = fn(qkv, cos, sin, k_cache, v_cache, slots, shape)
+    q = fn(qkv, cos, sin, positions, k_cache, v_cache, slots, shape)
     return q, k_cache, v_cache
 
 
@@ -66,11 +72,8 @@ def _fused_inputs(shape: ModelShape, hidden: int, num_tokens: int, dtype: torch.
         quantized = Int8Linear(SimpleNamespace(weight=weight, bias=None))
         weight, scale = quantized.qweight, quantized.scale
     b = torch.randn(n, device=DEVICE).to(dtype) if bias else None
-    angles = torch.rand(num_tokens, shape.head_dim // 2, device=DEVICE) * 6
-    cos = torch.cat([angles.cos(), angles.cos()], dim=-1).to(dtype)
-    sin = torch.cat([angles.sin(), angles.sin()], dim=-1).to(dtype)
     slots = torch.randperm(32, device=DEVICE)[:num_tokens]
-    return x, weight, b, scale, cos, sin, slots
+    return x, weight, b, scale, _tables(num_tokens, shape.head_dim, dtype), slots
 
 
 def _caches(shape: ModelShape, dtype: torch.dtype):
@@ -84,12 +87,12 @@ def _caches(shape: ModelShape, dtype: torch.dtype):
 def test_the_qkv_product_with_rotary_in_its_epilogue_equals_the_product_then_the_rope_kernel(
         shape, hidden, num_tokens, bias, int8):
     dtype = torch.bfloat16 if DEVICE == "cuda" else torch.float32
-    x, weight, b, scale, cos, sin, slots = _fused_inputs(shape, hidden, num_tokens, dtype, bias, int8)
+    x, weight, b, scale, tables, slots = _fused_inputs(shape, hidden, num_tokens, dtype, bias, int8)
     k_fused, v_fused = _caches(shape, dtype)
-    q_fused = qkv_rope_and_write_kv(x, weight, b, cos, sin, k_fused, v_fused, slots, shape, scale=scale)
+    q_fused = qkv_rope_and_write_kv(x, weight, b, *tables, k_fused, v_fused, slots, shape, scale=scale)
     k_two, v_two = _caches(shape, dtype)
     qkv = skinny_linear(x, weight, b, scale=scale)
-    q_two = rope_and_write_kv(qkv, cos, sin, k_two, v_two, slots, shape)
+    q_two = rope_and_write_kv(qkv, *tables, k_two, v_two, slots, shape)
     for fused, two in ((q_fused, q_two), (k_fused, k_two), (v_fused, v_two)):
         torch.testing.assert_close(fused, two, atol=0, rtol=0)  # the same roundings: the same values
 
@@ -97,14 +100,14 @@ def test_the_qkv_product_with_rotary_in_its_epilogue_equals_the_product_then_the
 def test_each_token_of_the_fused_qkv_kernel_is_computed_as_if_alone():
     shape, hidden = FUSED_SHAPES[1]
     dtype = torch.bfloat16 if DEVICE == "cuda" else torch.float32
-    x, weight, b, scale, cos, sin, slots = _fused_inputs(shape, hidden, 9, dtype, True, False)
+    x, weight, b, scale, (cos, sin, positions), slots = _fused_inputs(shape, hidden, 9, dtype, True, False)
     k_all, v_all = _caches(shape, dtype)
-    q_all = qkv_rope_and_write_kv(x, weight, b, cos, sin, k_all, v_all, slots, shape)
+    q_all = qkv_rope_and_write_kv(x, weight, b, cos, sin, positions, k_all, v_all, slots, shape)
     # on CPU the interpreter's dot is numpy's matmul, which rounds rows 8-15 of a 16-row tile apart
     # from rows 0-7 (the skinny linear's own products differ there too); the GPU's tensor cores do not
     for t in (0, 4, 8) if DEVICE == "cuda" else (0, 2, 5):
         k_one, v_one = _caches(shape, dtype)
-        q_one = qkv_rope_and_write_kv(x[t:t + 1], weight, b, cos[t:t + 1], sin[t:t + 1], k_one, v_one,
+        q_one = qkv_rope_and_write_kv(x[t:t + 1], weight, b, cos, sin, positions[t:t + 1], k_one, v_one,
                                       slots[t:t + 1], shape)
         assert torch.equal(q_one[0], q_all[t])
         slot = int(slots[t])
@@ -128,11 +131,11 @@ def test_a_head_dim_narrower_than_a_strip_is_not_taken_by_the_fused_qkv_kernel()
 def test_the_fused_qkv_kernel_gives_the_two_kernels_bits_in_bf16_at_llama_shapes(shape, hidden, num_tokens):
     """On the H200: the same values as the QKV product then the rope kernel, in bfloat16 (where an
     FMA contracted differently would show), for every token."""
-    x, weight, b, scale, cos, sin, slots = _fused_inputs(shape, hidden, num_tokens, torch.bfloat16, False, False)
+    x, weight, b, scale, tables, slots = _fused_inputs(shape, hidden, num_tokens, torch.bfloat16, False, False)
     k_fused, v_fused = _caches(shape, torch.bfloat16)
-    q_fused = qkv_rope_and_write_kv(x, weight, b, cos, sin, k_fused, v_fused, slots, shape)
+    q_fused = qkv_rope_and_write_kv(x, weight, b, *tables, k_fused, v_fused, slots, shape)
     k_two, v_two = _caches(shape, torch.bfloat16)
-    q_two = rope_and_write_kv(skinny_linear(x, weight, b), cos, sin, k_two, v_two, slots, shape)
+    q_two = rope_and_write_kv(skinny_linear(x, weight, b), *tables, k_two, v_two, slots, shape)
     assert torch.equal(q_fused, q_two) and torch.equal(k_fused, k_two) and torch.equal(v_fused, v_two)
 
 
