@@ -198,6 +198,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "gpu_e2e.json")
     args = parser.parse_args()
     batches, ks = args.batches, args.ks
+    if 4 not in ks or 1 not in batches:  # the headline figures (metrics without a _bs suffix)
+        parser.error("--ks must include 4 and --batches 1: the headline is alpha 0.8, k 4, batch 1")
     device = "cpu" if args.tiny else "cuda"
     dtype = "float32" if args.tiny else "bfloat16"
     target_shape, draft_shape = (TINY, TINY) if args.tiny else (LLAMA_8B, LLAMA_1B)
