@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -45,7 +45,7 @@ class Rotary:
     cos_table: torch.Tensor  # [max_positions, head_dim]
     sin_table: torch.Tensor  # [max_positions, head_dim]
     positions: torch.Tensor  # [T]
-    _rows: tuple[torch.Tensor, torch.Tensor] | None = None
+    _rows: tuple[torch.Tensor, torch.Tensor] | None = field(default=None, init=False, repr=False)
 
     def rows(self) -> tuple[torch.Tensor, torch.Tensor]:  # cos, sin [T, head_dim]
         if self._rows is None:
