@@ -224,6 +224,7 @@ def main() -> None:
         polling = ["--busy-poll", args.busy_poll, "--idle-poll", idle_poll]
         idle_cpus = IdleCpus() if args.idle_cpus_ab else None
         common = ["--device", device, "--dtype", dtype, "--max-model-len", "1024", "--log-level", "WARNING", *polling,
+                  "--max-batch-size", str(max(args.batches)),  # graphs of no larger batch bucket
                   *(["--layer-kernels", args.layer_kernels] if args.layer_kernels else []),
                   "--kv-cache-tokens", str(16 * (args.prompt_tokens * 2 + args.max_new_tokens + 64))]
         trio = Trio(work)

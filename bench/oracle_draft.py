@@ -139,7 +139,7 @@ def main() -> None:
     continuations = Continuations(args.continuations)
 
     async def start() -> RunningServer:
-        inner = await model_loader(config, args.max_batch_size, args.draft_ahead)(config.model)
+        inner = await model_loader(config, args.draft_ahead)(config.model)
         drafts = DraftRegistry.of(inner, name="plain")
         for alpha in args.alphas:
             drafts.add(f"oracle-{alpha:g}", OracleDrafter(inner, continuations, alpha))

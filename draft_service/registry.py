@@ -35,9 +35,9 @@ NGRAM = "ngram"  # the model spec of the weightless prompt-lookup drafter
 LoadFn = Callable[[str], Awaitable[Drafter]]  # model spec -> a drafter, not yet started
 
 
-def model_loader(base: RuntimeConfig, max_batch_size: int, ahead: bool = False) -> LoadFn:
-    """Loads drafts with the service's runtime settings (device, dtype, KV size), each on its own torch
-    thread; `ahead`: they draft ahead while the target verifies (engine/model_drafter.py)."""
+def model_loader(base: RuntimeConfig, ahead: bool = False) -> LoadFn:
+    """Loads drafts with the service's runtime settings (device, dtype, KV size, batch size), each on its
+    own torch thread; `ahead`: they draft ahead while the target verifies (engine/model_drafter.py)."""
 
     async def load(model: str) -> Drafter:
         if model == NGRAM:
@@ -46,7 +46,7 @@ def model_loader(base: RuntimeConfig, max_batch_size: int, ahead: bool = False) 
 
         def build() -> ModelDrafter:  # load and capture on the thread that will run it (batching_loop.torch_thread)
             runner = ModelRunner(dataclasses.replace(base, model=model))
-            return ModelDrafter(runner, max_batch_size=max_batch_size, executor=executor, ahead=ahead)
+            return ModelDrafter(runner, max_batch_size=base.max_batch_size, executor=executor, ahead=ahead)
 
         try:
             return await asyncio.wrap_future(executor.submit(build))

@@ -45,7 +45,7 @@ def _engine_sources(drafts: DraftRegistry) -> list[EngineSource]:
 
 
 async def _start(args: argparse.Namespace, config: RuntimeConfig) -> RunningServer:
-    drafts = DraftRegistry(model_loader(config, args.max_batch_size, args.draft_ahead))
+    drafts = DraftRegistry(model_loader(config, args.draft_ahead))
     await drafts.load(args.draft_name, NGRAM if args.drafter == "ngram" else config.model, make_default=True)
     return await start_draft_server(drafts, args.host, args.port, args.ready_file, args.admin_token or None,
                                     args.metrics_port, server_tls_config(args), busy_poll_of(args.busy_poll, config),

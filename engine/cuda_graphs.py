@@ -38,6 +38,15 @@ class GraphConfig:
     # prefill chunks of one sequence (those up to the model's context length are captured); () for none
     prefill_buckets: tuple[int, ...] = (16, 32, 64, 96, 128, 192, 256, 384, 512)
 
+    def for_max_batch(self, max_batch_size: int) -> GraphConfig:
+        """Only the batch buckets a forward of at most `max_batch_size` sequences can take."""
+        return dataclasses.replace(self, batch_buckets=buckets_covering(self.batch_buckets, max_batch_size))
+
+
+def buckets_covering(buckets: tuple[int, ...], n: int) -> tuple[int, ...]:
+    """`buckets` up to the first that holds `n` (all of them when none does: larger batches split)."""
+    return buckets[: bisect.bisect_left(buckets, n) + 1]
+
 
 # A forward of more prefill chunks runs eagerly: each replay reads all the weights, one eager forward
 # reads them once for all its chunks.

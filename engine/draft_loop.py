@@ -17,7 +17,7 @@ import torch
 from tqdm import tqdm
 
 from engine.batch import ForwardBatch, StepInput
-from engine.cuda_graphs import StaticInputs, capture
+from engine.cuda_graphs import StaticInputs, buckets_covering, capture
 from engine.kv_cache import SCRATCH_BLOCK
 from engine.model_runner import POSITION_HEADROOM, ModelRunner
 from engine.sampling import Distribution, SamplingParams, as_int64, sample_draft
@@ -30,6 +30,10 @@ class LoopConfig:
     # pending tokens before a proposal: 1 (after a rejection), 2 (all accepted: last draft + bonus)
     first_query_buckets: tuple[int, ...] = (1, 2)
     num_candidates: int = 8  # a sampled proposal's distribution: the draft's top candidates (sent over the wire)
+
+    def for_max_batch(self, max_batch_size: int) -> LoopConfig:
+        """Only the batch buckets a proposal for at most `max_batch_size` sequences can take."""
+        return dataclasses.replace(self, batch_buckets=buckets_covering(self.batch_buckets, max_batch_size))
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from engine.batch import StepInput
 from engine.batching_loop import BatchingLoop, ForwardObserver
-from engine.draft_loop import DraftLoop
+from engine.draft_loop import DraftLoop, LoopConfig
 from engine.drafter import DraftSequence, ProposeTiming, check_propose
 from engine.kv_cache import KVAdmission
 from engine.limits import check_new_sequence
@@ -60,7 +60,7 @@ class ModelDrafter:
             self._process, max_batch_size, executor,
             phase_of=lambda job: "prefill" if job.num_draft_tokens == 0 else "propose", inline=runner.inline)
         self.admission = KVAdmission(runner.kv.config.num_blocks, runner.kv.block_size)
-        self.draft_loop = DraftLoop(runner)  # on CUDA: captures its graphs (call on the torch thread)
+        self.draft_loop = DraftLoop(runner, LoopConfig().for_max_batch(max_batch_size))  # on CUDA: captures its graphs (call on the torch thread)
         self._counters = {"num_active_sequences": 0, "num_sequences_started": 0, "num_forwards": 0,
                           "num_sequence_steps": 0, "num_ahead_hits": 0, "num_ahead_misses": 0}
 

@@ -46,6 +46,7 @@ class RuntimeConfig:
     use_cuda_graphs: bool = True  # decode/verify steps replay captured graphs (CUDA only)
     use_compile: bool = True  # torch.compile each layer's element-wise stages (CUDA only)
     quantize: str = "none"  # "int8": weight-only int8 linears, for drafts (engine/linear.Int8Linear)
+    max_batch_size: int = 64  # sequences a forward steps at most: CUDA graphs are captured up to its bucket
     cache_dir: Path = field(default_factory=default_cache_dir)
 
     def __post_init__(self) -> None:
@@ -57,6 +58,8 @@ class RuntimeConfig:
             raise ValueError(f"kv_cache_memory_fraction must be in (0, 1), got {self.kv_cache_memory_fraction}")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError("max_model_len must be >= 2")
+        if self.max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be >= 1, got {self.max_batch_size}")
         if self.quantize not in ("none", "int8"):
             raise ValueError(f"quantize must be 'none' or 'int8', got {self.quantize!r}")
         if self.layer_kernels not in ("auto", "fused", "reference"):
@@ -120,7 +123,7 @@ class ModelRunner:
         self.graphs: CudaGraphRunner | None = None
         # see forward_groups; on CUDA the fused kernels run in graph steps only
         self.batch_invariant = config.layer_kernels == "fused" and (device.type == "cpu" or config.use_cuda_graphs)
-        self._graph_config = GraphConfig()
+        self._graph_config = GraphConfig().for_max_batch(config.max_batch_size)
         if config.use_compile and device.type == "cuda":
             self.model.compile_stages()
         if config.layer_kernels == "fused":

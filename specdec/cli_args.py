@@ -77,6 +77,7 @@ def runtime_config(args: argparse.Namespace) -> RuntimeConfig:
         kv_cache_memory_fraction=float(args.kv_cache_memory_fraction) if args.kv_cache_memory_fraction else None,
         attention_backend=args.attention_backend,
         layer_kernels=args.layer_kernels or (args.cuda_layer_kernels if on_cuda else "auto"),
+        max_batch_size=int(args.max_batch_size),
     )
 
 

@@ -59,7 +59,7 @@ def test_distill_resumes_and_the_draft_loads_with_the_targets_tokenizer(model_di
     assert logits.shape == (1, draft.description.vocab_size)
 
     async def load_in_service():
-        registry = DraftRegistry(model_loader(RuntimeConfig(model="", kv_cache_tokens=1024), max_batch_size=4))
+        registry = DraftRegistry(model_loader(RuntimeConfig(model="", kv_cache_tokens=1024, max_batch_size=4)))
         info, _ = await registry.load("distilled", str(out), make_default=True,
                                       expected_fingerprint=target_runner.description.tokenizer_fingerprint)
         await registry.stop()

@@ -33,7 +33,7 @@ class SwapTrio(NamedTuple):
 @pytest.fixture
 def swap_trio(loop, model_dirs, target_server):
     """A draft service (admin token set) starting on the 'unrelated' draft, and a gateway over it."""
-    load = model_loader(RuntimeConfig(model="", kv_cache_tokens=8192, device=os.environ.get("SPECDEC_TEST_DEVICE", "cpu")), max_batch_size=64)
+    load = model_loader(RuntimeConfig(model="", kv_cache_tokens=8192, device=os.environ.get("SPECDEC_TEST_DEVICE", "cpu")))
     drafts = DraftRegistry(load)
     loop.run(drafts.load("first", str(model_dirs["unrelated"]), make_default=True))
     draft = loop.run(start_draft_server(drafts, admin_token=TOKEN))
