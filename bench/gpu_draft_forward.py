@@ -47,7 +47,7 @@ from engine.model_source import LoadedModel  # noqa: E402
 from engine.subset_head import SubsetLMHead  # noqa: E402
 from gpu_e2e import LLAMA_1B  # noqa: E402
 from report import save_report  # noqa: E402
-from timing import cuda_ms, decode_logits, kernel_census, prefilled_sequences, proposal_ms  # noqa: E402
+from timing import cuda_ms, decode_logits, idle_launch_ms, kernel_census, prefilled_sequences, proposal_ms  # noqa: E402
 from tiny_models import build_tokenizer  # noqa: E402
 
 PROMPT = 512
@@ -110,6 +110,9 @@ def measure(hf, setting: dict, census: bool, prompt: int) -> tuple[dict[str, flo
     kv.truncate(prompt)
     replay = runner.graphs._graphs[(1, 1)].graph.replay
     metrics = {"replay_ms_q1": cuda_ms(replay, 200)}
+    # one graph of k forwards, or k graphs of one launched in turn: does a big graph's launch stall the device?
+    metrics["launch_host_ms_q1"], metrics["idle_replay_ms_q1"] = idle_launch_ms(replay)
+    metrics["launch_host_ms_4x_q1"], metrics["idle_replay_ms_4x_q1"] = idle_launch_ms(lambda: [replay() for _ in range(4)])
     kernels = kernel_census(replay) if census else {}
     logits = decode_logits(runner, kv, gen, NUM_LOGIT_POSITIONS, prompt)
     fused_step = triton_draft_step.advance_step

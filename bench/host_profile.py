@@ -134,8 +134,8 @@ async def run(args: argparse.Namespace) -> dict[str, float]:
     processes = timed_process(drafter)
     drafter.start_background()
     walls, profiler = await draft_calls(drafter, args.calls)
-    loops = [loop for shape, loop in drafter.draft_loop._loops.items() if shape[0] == 1 and shape[1] == 4]
-    replay = min((cuda_ms(loop.graph.replay, 20) for loop in loops if loop.graph is not None), default=0.0)
+    loops = [loop for shape, loop in drafter.draft_loop._loops.items() if shape[0] == 1]
+    replay = min((cuda_ms(lambda loop=loop: loop.run(4), 20) for loop in loops if loop.graphs), default=0.0)
     metrics.update(summary("propose", walls, processes[2:args.calls + 2], replay))
     texts["propose"] = profile_text(profiler, "tottime") + profile_text(profiler, "cumulative")
     await drafter.stop()

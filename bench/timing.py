@@ -21,6 +21,22 @@ def cuda_ms(fn: Callable[[], object], iters: int = 20) -> float:
     return start.elapsed_time(end) / iters
 
 
+def idle_launch_ms(fn: Callable[[], object], iters: int = 100) -> tuple[float, float]:
+    """Mean milliseconds of `fn` started on an idle device: (host time of the call, the call to the end
+    of its work). Against cuda_ms's back-to-back time, the second shows what a synced caller pays."""
+    fn()
+    calls, totals = [], []
+    for _ in range(iters):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        fn()
+        called = time.perf_counter()
+        torch.cuda.synchronize()
+        calls.append(called - start)
+        totals.append(time.perf_counter() - start)
+    return 1e3 * sum(calls) / iters, 1e3 * sum(totals) / iters
+
+
 def kernel_census(fn: Callable[[], object], host_ops: int = 0) -> dict[str, float]:
     """Kernels of one call of `fn` (after a warm-up call): count, summed device time against their
     span, the costliest names; with `host_ops`, that many costliest host ops by self time too."""
@@ -80,6 +96,16 @@ def proposal_ms(runner, seqs: list, prompt_len: int, batches: tuple[int, ...] = 
             propose()
         torch.cuda.synchronize()
         metrics[f"propose_ms_k{k}_bs{batch}"] = (time.perf_counter() - start) * 1e3 / iters
+        # the loop's k step graphs replayed back to back: their device time, without the host's fill and sync
+        def replay(device_loop=loop._loops[(batch, 1, False)]) -> None:
+            device_loop.run(k)
+
+        metrics[f"loop_replay_ms_k{k}_bs{batch}"] = cuda_ms(replay, iters)
+        launch, total = idle_launch_ms(replay)
+        metrics[f"loop_launch_host_ms_k{k}_bs{batch}"], metrics[f"loop_idle_replay_ms_k{k}_bs{batch}"] = launch, total
+        if batch == batches[0]:
+            census = kernel_census(replay)
+            metrics.update({f"loop_{key}_bs{batch}": census[key] for key in ("kernels", "kernel_ms", "span_ms")})
     return metrics
 
 

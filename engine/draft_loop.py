@@ -1,17 +1,23 @@
 """The draft's proposal loop: feed each sequence's pending tokens, then extend it greedily.
 
-On CUDA the whole k-step loop is one captured graph per (batch bucket, k, first-step query
-length): each step's argmax feeds the next step on the device, and the next positions and KV
-slots are computed from the block table inside the graph, so a k-token proposal for a whole
-batch costs k forwards and one host sync. Elsewhere (CPU, or shapes outside the buckets) the
-same loop runs step by step through `ModelRunner.forward`.
+On CUDA the loop's steps are captured graphs per (batch bucket, first-step query length): the
+first forward's, then one per further step j, which feeds step j - 1's pick on the device (the next
+positions and KV slots computed from the block table inside the graph) and writes its own into the
+static outputs. A k-token proposal for a whole batch replays the first k of them back to back: k
+forwards and one host sync. k graphs of one forward, not one graph of k: on the H200 a 1B draft's
+541-kernel k = 4 graph took 130 us of host time to launch (a 134-kernel one 5 us), and from an idle
+device finished 0.17 ms later than four one-forward graphs (bench/results/gpu_draft_forward_loop.json);
+and a step graph serves every k: a bucket captures max_steps forwards, not 1 + 2 + ... + max_steps.
+Elsewhere (CPU, or shapes outside the buckets) the same loop runs step by step through
+`ModelRunner.forward`.
 """
 from __future__ import annotations
 
 import bisect
 import dataclasses
+import functools
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from tqdm import tqdm
@@ -68,11 +74,20 @@ class _RowParams:
 @dataclass
 class _DeviceLoop:
     inputs: StaticInputs  # of the first forward (the pending tokens)
-    first: ForwardBatch  # inputs.batch, its logits at each sequence's last pending token
     params: _RowParams | None  # None: a greedy-only loop
-    run: Callable[[], tuple[torch.Tensor, ...]]  # the k forwards; [b, k] tokens (+ [b, k, c] ids and q)
-    graph: torch.cuda.CUDAGraph | None = None  # `run` captured (CUDA)
-    outputs: tuple[torch.Tensor, ...] | None = None  # the graph's static outputs
+    # [max_steps, b] tokens (+ [max_steps, b, c] candidate ids and q): row j is step j's pick
+    outputs: tuple[torch.Tensor, ...]
+    steps: list[Callable[[], None]]  # step j: feed pick j - 1 (none for j = 0), forward, write pick j
+    graphs: list[torch.cuda.CUDAGraph] = field(default_factory=list)  # `steps` captured (CUDA)
+
+    def run(self, k: int) -> None:
+        """Steps 0..k-1: replays of their graphs where captured, else the steps themselves."""
+        if self.graphs:
+            for graph in self.graphs[:k]:
+                graph.replay()
+        else:
+            for step in self.steps[:k]:
+                step()
 
 
 class DraftLoop:
@@ -83,7 +98,7 @@ class DraftLoop:
             raise ValueError(f"max_steps {config.max_steps} needs more than the runner's {POSITION_HEADROOM} positions of headroom")
         self._runner = runner
         self._config = config
-        self._loops: dict[tuple[int, int, int, bool], _DeviceLoop] = {}
+        self._loops: dict[tuple[int, int, bool], _DeviceLoop] = {}  # (batch bucket, query bucket, sampled)
         self._device_loop = runner.graphs is not None if device_loop is None else device_loop
         self._max_blocks = -(-(runner.max_model_len + config.max_steps + 2) // runner.kv.block_size)
         self.num_forwards = 0
@@ -154,26 +169,23 @@ class DraftLoop:
         b = _bucket(self._config.batch_buckets, len(steps))
         q = _bucket(self._config.first_query_buckets, max(len(s.token_ids) for s in steps))
         sampled = not all(s.is_greedy for s in sampling)
-        shape = (b, k, q, sampled)
+        shape = (b, q, sampled)
         if shape not in self._loops:  # only without graphs: captured loops all exist from the start
             self._loops[shape] = self._build(*shape)
-        graph = self._loops[shape]
-        graph.inputs.wait_for_copy()
-        graph.inputs.host_extra[0] = [i * q + len(s.token_ids) - 1 for i, s in enumerate(steps)] + \
+        loop = self._loops[shape]
+        loop.inputs.wait_for_copy()
+        loop.inputs.host_extra[0] = [i * q + len(s.token_ids) - 1 for i, s in enumerate(steps)] + \
             [i * q + q - 1 for i in range(len(steps), b)]
-        graph.inputs.host_extra[1] = [s.kv.num_tokens + len(s.token_ids) - 1 for s in steps] + [q - 1] * (b - len(steps))
-        graph.inputs.fill(steps)  # copies the rows above too
-        if graph.params is not None:
-            graph.params.fill(sampling)
-        if graph.graph is not None:
-            graph.graph.replay()
-            outputs = graph.outputs
-            self.num_graph_replays += 1
-        else:
-            outputs = graph.run()
+        loop.inputs.host_extra[1] = [s.kv.num_tokens + len(s.token_ids) - 1 for s in steps] + [q - 1] * (b - len(steps))
+        loop.inputs.fill(steps)  # copies the rows above too
+        if loop.params is not None:
+            loop.params.fill(sampling)
+        loop.run(k)
+        self.num_graph_replays += bool(loop.graphs)
         n = len(steps)
-        tokens = outputs[0][:n].tolist()  # the host sync
-        probs = [list(zip(ids, q)) for ids, q in zip(outputs[1][:n].tolist(), outputs[2][:n].tolist())] \
+        outputs = [out[:k, :n].transpose(0, 1) for out in loop.outputs]  # [n, k] (+ [n, k, c])
+        tokens = outputs[0].tolist()  # the host sync
+        probs = [list(zip(ids, q)) for ids, q in zip(outputs[1].tolist(), outputs[2].tolist())] \
             if sampled else [[] for _ in steps]  # per token: (candidate ids, q)
         for s in steps:
             s.kv.commit(len(s.token_ids) + k - 1)
@@ -183,15 +195,18 @@ class DraftLoop:
 
     def _capture_all(self) -> None:
         c = self._config
-        shapes = [(b, k, q, sampled) for sampled in (False, True) for b in sorted(c.batch_buckets, reverse=True)
-                  for k in range(c.max_steps, 0, -1) for q in sorted(c.first_query_buckets, reverse=True)]
-        for shape in tqdm(shapes, desc="capturing draft-loop CUDA graphs", unit="graph"):
-            loop = self._build(*shape)
-            loop.graph, loop.outputs = capture(loop.run, self._pool)
-            self._loops[shape] = loop
+        shapes = [(b, q, sampled) for sampled in (False, True) for b in sorted(c.batch_buckets, reverse=True)
+                  for q in sorted(c.first_query_buckets, reverse=True)]
+        with tqdm(total=len(shapes) * c.max_steps, desc="capturing draft-loop CUDA graphs", unit="graph") as progress:
+            for shape in shapes:
+                loop = self._build(*shape)
+                for step in loop.steps:  # in order: each step's warm-up reads the picks of the one before
+                    loop.graphs.append(capture(step, self._pool)[0])
+                    progress.update()
+                self._loops[shape] = loop
 
-    def _build(self, b: int, k: int, q: int, sampled: bool) -> _DeviceLoop:
-        runner, device = self._runner, self._runner.device
+    def _build(self, b: int, q: int, sampled: bool) -> _DeviceLoop:
+        runner, device, c = self._runner, self._runner.device, self._config
         model, kv, attention, bs = runner.model, runner.kv, runner.attention, runner.kv.block_size
         inputs = StaticInputs(b, q, self._max_blocks, bs, device, num_extra=2)  # logits rows, base positions
         first = dataclasses.replace(inputs.batch, logits_indices=inputs.extra[0])  # both written by every propose
@@ -209,25 +224,27 @@ class DraftLoop:
         )
 
         params = _RowParams.empty(b, device) if sampled else None
-        num_candidates = self._config.num_candidates
+        outputs = (torch.zeros(c.max_steps, b, dtype=torch.long, device=device),)
+        if sampled:
+            outputs += (torch.zeros(c.max_steps, b, c.num_candidates, dtype=torch.long, device=device),
+                        torch.zeros(c.max_steps, b, c.num_candidates, dtype=torch.float32, device=device))
         advance = advance_step_reference
         if model.stages.fused_kernels:  # one Triton kernel, not a dozen small ones a step
             from engine.triton_draft_step import advance_step as advance  # needs triton, as the fused stages do
 
-        def pick(batch: ForwardBatch, j: int) -> tuple[torch.Tensor, ...]:  # proposal j sits at base + 1 + j
+        def run_step(j: int) -> None:  # proposal j sits at base + 1 + j
+            batch = first if j == 0 else step
+            if j > 0:  # feed proposal j - 1 at position base + j
+                advance(outputs[0][j - 1], base, j, first.block_tables, bs, step)
             if params is None:  # the model's own argmax: a reduced head's without vocabulary-wide logits
-                return (model(batch, kv, attention, greedy=True),)
-            return sample_draft(model(batch, kv, attention), params.temperature, params.top_p, params.top_k,
-                                params.min_p, params.seed, base + 1 + j, num_candidates)
+                picked = (model(batch, kv, attention, greedy=True),)
+            else:
+                picked = sample_draft(model(batch, kv, attention), params.temperature, params.top_p, params.top_k,
+                                      params.min_p, params.seed, base + 1 + j, c.num_candidates)
+            for out, value in zip(outputs, picked):
+                out[j].copy_(value)
 
-        def loop() -> tuple[torch.Tensor, ...]:
-            picked = [pick(first, 0)]
-            for j in range(1, k):  # feed proposal j - 1 at position base + j
-                advance(picked[-1][0], base, j, first.block_tables, bs, step)
-                picked.append(pick(step, j))
-            return tuple(torch.stack(parts, dim=1) for parts in zip(*picked))  # tokens [b, k] (ids, q [b, k, c])
-
-        return _DeviceLoop(inputs, first, params, loop)
+        return _DeviceLoop(inputs, params, outputs, [functools.partial(run_step, j) for j in range(c.max_steps)])
 
 
 def advance_step_reference(token: torch.Tensor, base: torch.Tensor, j: int, block_tables: torch.Tensor,
