@@ -21,15 +21,17 @@ service's flag (specdec/busy_poll.py; auto polls on the GPU host), and so is `--
 and alpha 0.8 at each batch once more with this process's own idle-CPU spinners running (the
 services' mechanism, on the same processes): `*_idle_cpus` metrics. `--no-draft-pdl` runs the draft's
 kernels without programmatic dependent launch (engine/pdl.py), which its service uses by default.
+`--pin-services` gives each service a CPU of its own once it serves (--cpus, specdec/cpu_affinity.py).
 Usage: python bench/gpu_e2e.py [--tiny] [--skip-hf] [--layer-kernels auto|fused|reference]
                                [--batches 1 8] [--ks 2 4] [--draft-ahead] [--draft-gpu N]
                                [--draft-head-rows N] [--draft-quantize none|int8] [--busy-poll auto|on|off]
-                               [--idle-poll auto|on|off] [--idle-cpus-ab]
+                               [--idle-poll auto|on|off] [--idle-cpus-ab] [--pin-services]
                                [--[no-]draft-pdl] [--out PATH]
 """
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import re
@@ -193,6 +195,8 @@ def main() -> None:
                         help="every service's event loop polls while streams are open (specdec/busy_poll.py)")
     parser.add_argument("--idle-poll", choices=BUSY_POLL_MODES, default="off",
                         help="every service keeps the host's idle CPUs polling while streams are open (specdec/idle_cpus.py)")
+    parser.add_argument("--pin-services", action="store_true",
+                        help="each service on a CPU of its own once serving (--cpus; specdec/cpu_affinity.py)")
     parser.add_argument("--idle-cpus-ab", action="store_true",
                         help="services with --idle-poll off; measure again with this process's idle-CPU spinners")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "gpu_e2e.json")
@@ -217,6 +221,7 @@ def main() -> None:
         idle_poll = "off" if args.idle_cpus_ab else args.idle_poll
         metrics["idle_poll"] = idle_poll
         metrics["draft_pdl"] = float(args.draft_pdl)
+        metrics["pinned_services"] = float(args.pin_services)
         if args.draft_head_rows:
             draft_model = write_reduced_head_draft(work / "draft-reduced-head", draft_model, args.draft_head_rows)
         prompts = prompts_text(tokenizer, args.num_prompts, args.prompt_tokens)
@@ -227,12 +232,16 @@ def main() -> None:
                   "--max-batch-size", str(max(args.batches)),  # graphs of no larger batch bucket
                   *(["--layer-kernels", args.layer_kernels] if args.layer_kernels else []),
                   "--kv-cache-tokens", str(16 * (args.prompt_tokens * 2 + args.max_new_tokens + 64))]
+        # a service's --cpus: a CPU of its own from the last ones (shared round-robin where there are
+        # fewer CPUs than services: the CPU tests' --tiny)
+        service_cpus = itertools.cycle(sorted(os.sched_getaffinity(0), reverse=True))
+        pin = (lambda: ["--cpus", str(next(service_cpus))]) if args.pin_services else (lambda: [])  # noqa: E731
         trio = Trio(work)
         try:
             started = time.perf_counter()
-            target = trio.wait_ready(trio.spawn("target", "target_service", ["--model", target_model, *common]), 900)
+            target = trio.wait_ready(trio.spawn("target", "target_service", ["--model", target_model, *common, *pin()]), 900)
             metrics["target_start_s"] = time.perf_counter() - started
-            plain = trio.wait_ready(trio.spawn("gateway-plain", "gateway", ["--target", target, "--draft", "none", "--log-level", "WARNING", *polling]), 60)
+            plain = trio.wait_ready(trio.spawn("gateway-plain", "gateway", ["--target", target, "--draft", "none", "--log-level", "WARNING", *polling, *pin()]), 60)
             references = {}  # bf16 greedy output depends on the batch and verify shapes (see the oracle's reference)
             with grpc.insecure_channel(plain) as channel:
                 stub = gateway_pb2_grpc.GatewayStub(channel)
@@ -258,10 +267,10 @@ def main() -> None:
             draft = trio.wait_ready(trio.spawn("draft", "bench.oracle_draft", [
                 "--model", draft_model, "--continuations", str(continuations),
                 "--alphas", *map(str, ALPHAS), *(["--draft-ahead"] if args.draft_ahead else []),
-                "--quantize", args.draft_quantize, *common],
+                "--quantize", args.draft_quantize, *common, *pin()],
                 env=draft_env), 900)
             metrics["draft_start_s"] = time.perf_counter() - started
-            gateway = trio.wait_ready(trio.spawn("gateway", "gateway", ["--target", target, "--draft", draft, "--log-level", "WARNING", *polling]), 60)
+            gateway = trio.wait_ready(trio.spawn("gateway", "gateway", ["--target", target, "--draft", draft, "--log-level", "WARNING", *polling, *pin()]), 60)
             with grpc.insecure_channel(gateway) as channel:
                 stub = gateway_pb2_grpc.GatewayStub(channel)
                 for batch in batches:

@@ -13,10 +13,12 @@ with the client's and the server's event loops left to sleep while idle, or kept
 that yields forever: `*_spin_client`, `*_spin_server`, `*_spin_both`) - a thread that sleeps
 through a step's wait pays its wake-up (and its core's idle state's exit) when the answer comes.
 `--idle-cpus` measures it all with a SCHED_IDLE spinner on every CPU (specdec/idle_cpus.py, what
-the services' --idle-poll runs while they serve), so no CPU halts while idle.
+the services' --idle-poll runs while they serve), so no CPU halts while idle. `--pin` pins the client
+process (every thread of it: the event loop and gRPC's poller) to one CPU and the server's to
+another, so a thread woken by an arriving message wakes on the CPU its spinning loop keeps awake.
 gRPC's poller is our processes' (specdec/__init__.py: the legacy one); `GRPC_EXPERIMENTS= python
 bench/grpc_pingpong.py` measures gRPC's EventEngine (the report's `grpc_experiments` says which ran).
-Usage: python bench/grpc_pingpong.py [--work-ms 4.5] [--rounds 400] [--idle-cpus] [--out PATH]
+Usage: python bench/grpc_pingpong.py [--work-ms 4.5] [--rounds 400] [--idle-cpus] [--pin] [--out PATH]
 """
 from __future__ import annotations
 
@@ -40,6 +42,7 @@ import grpc  # noqa: E402
 from report import save_report  # noqa: E402
 
 from gateway.backends import Proposal, TargetStream  # noqa: E402
+from specdec.cpu_affinity import pin_process  # noqa: E402
 from specdec.idle_cpus import IdleCpus  # noqa: E402
 from specdec.serving import open_channel, serve_until_signal, start_server  # noqa: E402
 from specdec.v1 import target_pb2, target_pb2_grpc  # noqa: E402
@@ -77,7 +80,10 @@ async def spin() -> None:
         await asyncio.sleep(0)
 
 
-def serve(ready_file: Path, spinning: bool) -> None:
+def serve(ready_file: Path, spinning: bool, cpu: int | None) -> None:
+    if cpu is not None:
+        pin_process(frozenset({cpu}))
+
     async def start():
         if spinning:
             asyncio.get_running_loop().create_task(spin())
@@ -142,33 +148,40 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=400)
     parser.add_argument("--serve", type=Path, help=argparse.SUPPRESS)  # the server process
     parser.add_argument("--spin", action="store_true", help=argparse.SUPPRESS)  # its loop spins
+    parser.add_argument("--cpu", type=int, help=argparse.SUPPRESS)  # the server's CPU (--pin)
+    parser.add_argument("--pin", action="store_true", help="the client on one CPU, the server on another")
     parser.add_argument("--idle-cpus", action="store_true", help="a SCHED_IDLE spinner on every CPU throughout")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "grpc_pingpong.json")
     args = parser.parse_args()
     if args.serve:
-        serve(args.serve, args.spin)
+        serve(args.serve, args.spin, args.cpu)
         return
+    cpus = sorted(os.sched_getaffinity(0))
+    if args.pin:
+        pin_process(frozenset({cpus[-2]}))
     idle_cpus = IdleCpus() if args.idle_cpus else None
     try:
         if idle_cpus is not None:
             idle_cpus.resume()
-        metrics = measure_all(args)
+        metrics = measure_all(args, cpus[-1] if args.pin else None)
     finally:
         if idle_cpus is not None:
             idle_cpus.close()
     metrics["idle_cpus"] = float(args.idle_cpus)
+    metrics["pinned"] = float(args.pin)
     metrics["grpc_experiments"] = os.environ["GRPC_EXPERIMENTS"]
     save_report("grpc_pingpong", metrics, args.out)
 
 
-def measure_all(args: argparse.Namespace) -> dict[str, float]:
+def measure_all(args: argparse.Namespace, server_cpu: int | None) -> dict[str, float]:
     work_us = int(args.work_ms * 1000)
     metrics = {"work_ms": args.work_ms, "plain_pingpong_us": asyncio.run(plain_pingpong_us(args.rounds))}
     with tempfile.TemporaryDirectory() as tmp:
         for server_spins in (False, True):
             ready = Path(tmp) / f"addr-{server_spins}"
             server = subprocess.Popen([sys.executable, __file__, "--serve", str(ready),
-                                       *(["--spin"] if server_spins else [])])
+                                       *(["--spin"] if server_spins else []),
+                                       *(["--cpu", str(server_cpu)] if server_cpu is not None else [])])
             try:
                 while not ready.exists():
                     if server.poll() is not None:

@@ -59,4 +59,4 @@ def busy_poll_of(mode: str, config: RuntimeConfig) -> bool:
 
 
 def run(args: argparse.Namespace, config: RuntimeConfig) -> None:
-    asyncio.run(serve_until_signal(lambda: _start(args, config)))
+    asyncio.run(serve_until_signal(lambda: _start(args, config), args.cpus))

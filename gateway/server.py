@@ -78,4 +78,4 @@ async def start_gateway_server(
 def run(args: argparse.Namespace, config: GatewayConfig) -> None:
     asyncio.run(serve_until_signal(lambda: start_gateway_server(
         config, args.host, args.port, args.ready_file, args.metrics_port, args.http_port, server_tls_config(args),
-        args.busy_poll, args.idle_poll)))
+        args.busy_poll, args.idle_poll), args.cpus))

@@ -10,6 +10,7 @@ import torch
 
 from engine.model_runner import RuntimeConfig
 from specdec.busy_poll import MODES as BUSY_POLL_MODES
+from specdec.cpu_affinity import parse_cpus
 from specdec.request_id import JsonFormatter, RequestIdFilter
 
 
@@ -31,6 +32,9 @@ def add_server_args(parser: argparse.ArgumentParser, prefix: str, default_port: 
     parser.add_argument("--busy-poll", choices=BUSY_POLL_MODES, default=env("busy_poll", "auto"),
                         help="keep the event loop polling while exactly one stream is open (one busy core; a step's round "
                              "trips lose the wake-ups). auto: on with >= 8 CPUs and a CUDA model (the gateway: the target's)")
+    parser.add_argument("--cpus", type=_cpus, default=env("cpus", None),
+                        help="once serving, pin the process's threads to these CPUs (3, 2-3,6): a busy-polling "
+                             "service's gRPC threads then wake on a CPU its loop keeps awake (specdec/cpu_affinity.py)")
     parser.add_argument("--idle-poll", choices=BUSY_POLL_MODES, default=env("idle_poll", "off"),
                         help="keep the host's idle CPUs polling (a SCHED_IDLE spinner each) while any stream is open, so "
                              "gRPC's threads wake without a halted CPU's delay (a VM's); off by default: it sped up "
@@ -79,6 +83,19 @@ def runtime_config(args: argparse.Namespace) -> RuntimeConfig:
         layer_kernels=args.layer_kernels or (args.cuda_layer_kernels if on_cuda else "auto"),
         max_batch_size=int(args.max_batch_size),
     )
+
+
+def _cpus(text: str) -> frozenset[int]:
+    try:
+        return parse_cpus(text)
+    except ValueError as e:  # argparse shows an ArgumentTypeError's own message
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def setup_process(args: argparse.Namespace) -> None:
+    """What add_server_args' flags ask of the process before it serves (--cpus: once it serves,
+    specdec.serving.serve_until_signal)."""
+    setup_logging(args.log_level, args.log_format)
 
 
 def setup_logging(level: str, log_format: str = "text") -> None:

@@ -19,6 +19,7 @@ from grpc_reflection.v1alpha import reflection
 from prometheus_client import CollectorRegistry
 
 from specdec.busy_poll import BusyPoll, make_busy_poll
+from specdec.cpu_affinity import pin_process
 from specdec.errors import (
     CapacityError,
     IncompatibleModelsError,
@@ -270,9 +271,13 @@ async def start_server(
     return RunningServer(server, bound, health_servicer, cleanup, metrics, busy_poll=poll)
 
 
-async def serve_until_signal(start: Callable[[], Awaitable]) -> None:
-    """Runs a server made by `start()` until SIGINT/SIGTERM, then stops it gracefully."""
+async def serve_until_signal(start: Callable[[], Awaitable], cpus: frozenset[int] | None = None) -> None:
+    """Runs a server made by `start()` until SIGINT/SIGTERM, then stops it gracefully. `cpus` (--cpus):
+    once it serves, the process's threads run on these alone (specdec/cpu_affinity.py); its model
+    loaded and compiled on every CPU."""
     server = await start()
+    if cpus is not None:
+        pin_process(cpus)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

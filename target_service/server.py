@@ -50,5 +50,6 @@ def run(args: argparse.Namespace, config: RuntimeConfig) -> None:
     idle_poll = busy_poll_enabled(args.idle_poll, runner.device.type)
     asyncio.run(serve_until_signal(
         lambda: start_target_server(runner, args.host, args.port, engine_config, args.ready_file, executor,
-                                    args.metrics_port, server_tls_config(args), busy_poll, idle_poll)
+                                    args.metrics_port, server_tls_config(args), busy_poll, idle_poll),
+        args.cpus,
     ))
