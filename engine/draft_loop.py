@@ -5,9 +5,10 @@ first forward's, then one per further step j, which feeds step j - 1's pick on t
 positions and KV slots computed from the block table inside the graph) and writes its own into the
 static outputs. A k-token proposal for a whole batch replays the first k of them back to back: k
 forwards and one host sync. k graphs of one forward, not one graph of k: on the H200 a 1B draft's
-541-kernel k = 4 graph took 130 us of host time to launch (a 134-kernel one 5 us), and from an idle
-device finished 0.17 ms later than four one-forward graphs (bench/results/gpu_draft_forward_loop.json);
-and a step graph serves every k: a bucket captures max_steps forwards, not 1 + 2 + ... + max_steps.
+541-kernel k = 4 graph took 130 us of host time to launch (its 134-kernel decode graph 5 us) and
+finished 3.27 ms after an idle launch, the four step graphs 3.22 ms; a hot-loop proposal took 3.31
+ms, 3.40 before (bench/results/gpu_draft_forward_loop.json, gpu_draft_forward_steps.json). And a
+step graph serves every k: a bucket captures max_steps forwards, not 1 + 2 + ... + max_steps.
 Elsewhere (CPU, or shapes outside the buckets) the same loop runs step by step through
 `ModelRunner.forward`.
 """
@@ -103,7 +104,7 @@ class DraftLoop:
         self._max_blocks = -(-(runner.max_model_len + config.max_steps + 2) // runner.kv.block_size)
         self.num_forwards = 0
         self.num_sequence_steps = 0
-        self.num_graph_replays = 0
+        self.num_graph_replays = 0  # proposals that replayed captured step graphs
         if runner.graphs is not None and self._device_loop:  # CUDA with graphs enabled
             self._pool = torch.cuda.graph_pool_handle()
             self._capture_all()

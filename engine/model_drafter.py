@@ -60,7 +60,8 @@ class ModelDrafter:
             self._process, max_batch_size, executor,
             phase_of=lambda job: "prefill" if job.num_draft_tokens == 0 else "propose", inline=runner.inline)
         self.admission = KVAdmission(runner.kv.config.num_blocks, runner.kv.block_size)
-        self.draft_loop = DraftLoop(runner, LoopConfig().for_max_batch(max_batch_size))  # on CUDA: captures its graphs (call on the torch thread)
+        # on CUDA: captures its graphs (call on the torch thread)
+        self.draft_loop = DraftLoop(runner, LoopConfig().for_max_batch(max_batch_size))
         self._counters = {"num_active_sequences": 0, "num_sequences_started": 0, "num_forwards": 0,
                           "num_sequence_steps": 0, "num_ahead_hits": 0, "num_ahead_misses": 0}
 
