@@ -157,6 +157,8 @@ def main() -> None:
         serve(args.serve, args.spin, args.cpu)
         return
     cpus = sorted(os.sched_getaffinity(0))
+    if args.pin and len(cpus) < 2:
+        parser.error(f"--pin needs two CPUs, this process may run on {cpus}")
     if args.pin:
         pin_process(frozenset({cpus[-2]}))
     idle_cpus = IdleCpus() if args.idle_cpus else None

@@ -30,7 +30,7 @@ from engine.drafter import DraftSequence, ProposeTiming
 from engine.model_drafter import ModelDrafter
 from engine.sampling import SamplingParams
 from specdec.errors import InvalidRequestError
-from specdec.cli_args import add_runtime_args, add_server_args, runtime_config, setup_process
+from specdec.cli_args import add_runtime_args, add_server_args, runtime_config, setup_logging
 from specdec.serving import RunningServer, serve_until_signal
 
 
@@ -133,7 +133,7 @@ def main() -> None:
     parser.add_argument("--quantize", choices=["none", "int8"], default="none",
                         help="the draft's weights (engine/linear.py)")
     args = parser.parse_args()
-    setup_process(args)
+    setup_logging(args.log_level, args.log_format)
     config = replace(runtime_config(args), quantize=args.quantize)
     pdl.ENABLED = pdl.from_env(default=True)  # as the draft service (draft_service/cli.py)
     continuations = Continuations(args.continuations)

@@ -7,7 +7,7 @@ from dataclasses import replace
 from draft_service.server import run
 from engine import pdl
 from engine.model_source import DEFAULT_MODEL
-from specdec.cli_args import add_runtime_args, add_server_args, env_default, runtime_config, setup_process
+from specdec.cli_args import add_runtime_args, add_server_args, env_default, runtime_config, setup_logging
 from specdec.tls import add_server_tls_args
 
 
@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> None:
                              "For a draft on a device of its own: on a shared one the chain takes the target's time")
     add_server_tls_args(parser, "SPECDEC_DRAFT")
     args = parser.parse_args(argv)
-    setup_process(args)
+    setup_logging(args.log_level, args.log_format)
     quantize = args.quantize or ("int8" if args.device == "cpu" else "none")
     pdl.ENABLED = pdl.from_env(default=True)  # a draft's chains of small kernels gain (engine/pdl.py)
     run(args, replace(runtime_config(args), quantize=quantize))

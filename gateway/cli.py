@@ -6,7 +6,7 @@ import sys
 
 from gateway.config import GatewayConfig
 from gateway.server import run
-from specdec.cli_args import add_server_args, env_default, setup_process
+from specdec.cli_args import add_server_args, env_default, setup_logging
 from specdec.errors import SpecdecError
 from specdec.tls import add_client_tls_args, add_server_tls_args, client_tls_config
 
@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> None:
     add_server_tls_args(parser, PREFIX)
     add_client_tls_args(parser, PREFIX)
     args = parser.parse_args(argv)
-    setup_process(args)
+    setup_logging(args.log_level, args.log_format)
     config = GatewayConfig(
         target_address=args.target,
         draft_address=None if args.draft in ("", "none") else args.draft,

@@ -92,12 +92,6 @@ def _cpus(text: str) -> frozenset[int]:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
-def setup_process(args: argparse.Namespace) -> None:
-    """What add_server_args' flags ask of the process before it serves (--cpus: once it serves,
-    specdec.serving.serve_until_signal)."""
-    setup_logging(args.log_level, args.log_format)
-
-
 def setup_logging(level: str, log_format: str = "text") -> None:
     """Every record carries the request id of the RPC it was logged in ("-" outside one)."""
     handler = logging.StreamHandler()

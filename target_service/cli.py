@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 
 from engine.model_source import DEFAULT_MODEL
-from specdec.cli_args import add_runtime_args, add_server_args, env_default, runtime_config, setup_process
+from specdec.cli_args import add_runtime_args, add_server_args, env_default, runtime_config, setup_logging
 from specdec.tls import add_server_tls_args
 from target_service.server import run
 
@@ -18,7 +18,7 @@ def main(argv: list[str] | None = None) -> None:
                         help="tokens per forward; longer prompts are prefilled in chunks")
     add_server_tls_args(parser, "SPECDEC_TARGET")
     args = parser.parse_args(argv)
-    setup_process(args)
+    setup_logging(args.log_level, args.log_format)
     run(args, runtime_config(args))
 
 
