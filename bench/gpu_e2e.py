@@ -21,11 +21,14 @@ service's flag (specdec/busy_poll.py; auto polls on the GPU host), and so is `--
 and alpha 0.8 at each batch once more with this process's own idle-CPU spinners running (the
 services' mechanism, on the same processes): `*_idle_cpus` metrics. `--no-draft-pdl` runs the draft's
 kernels without programmatic dependent launch (engine/pdl.py), which its service uses by default.
-`--pin-services` gives each service a CPU of its own once it serves (--cpus, specdec/cpu_affinity.py).
+`--pin-services` gives each service a CPU of its own once it serves (--cpus, specdec/cpu_affinity.py);
+`--pin-ab` starts them unpinned and measures target-only and alpha 0.8 at each batch once more with
+every running service's threads pinned to a CPU of its own from here (the same affinity --cpus
+sets, on the same processes): `*_pinned` metrics.
 Usage: python bench/gpu_e2e.py [--tiny] [--skip-hf] [--layer-kernels auto|fused|reference]
                                [--batches 1 8] [--ks 2 4] [--draft-ahead] [--draft-gpu N]
                                [--draft-head-rows N] [--draft-quantize none|int8] [--busy-poll auto|on|off]
-                               [--idle-poll auto|on|off] [--idle-cpus-ab] [--pin-services]
+                               [--idle-poll auto|on|off] [--idle-cpus-ab] [--pin-services] [--pin-ab]
                                [--[no-]draft-pdl] [--out PATH]
 """
 from __future__ import annotations
@@ -58,8 +61,9 @@ from engine.subset_head import SubsetLMHead  # noqa: E402
 from report import save_report  # noqa: E402
 from specdec.busy_poll import MODES as BUSY_POLL_MODES  # noqa: E402
 from specdec.client import collect  # noqa: E402
+from specdec.cpu_affinity import pin_process  # noqa: E402
 from specdec.idle_cpus import IdleCpus  # noqa: E402
-from specdec.launch import Trio, interrupt_on_sigterm  # noqa: E402
+from specdec.launch import Service, Trio, interrupt_on_sigterm  # noqa: E402
 from specdec.v1 import common_pb2, draft_pb2_grpc, gateway_pb2, gateway_pb2_grpc  # noqa: E402
 from step_times import decode_step_times  # noqa: E402
 from tiny_models import build_tokenizer  # noqa: E402
@@ -199,9 +203,13 @@ def main() -> None:
                         help="each service on a CPU of its own once serving (--cpus; specdec/cpu_affinity.py)")
     parser.add_argument("--idle-cpus-ab", action="store_true",
                         help="services with --idle-poll off; measure again with this process's idle-CPU spinners")
+    parser.add_argument("--pin-ab", action="store_true",
+                        help="measure target-only and alpha 0.8 again with each service pinned to a CPU of its own")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "gpu_e2e.json")
     args = parser.parse_args()
     batches, ks = args.batches, args.ks
+    if args.pin_ab and (args.idle_cpus_ab or args.pin_services):
+        parser.error("--pin-ab starts the services unpinned and measures one variant: not with --idle-cpus-ab or --pin-services")
     if 4 not in ks or 1 not in batches:  # the headline figures (metrics without a _bs suffix)
         parser.error("--ks must include 4 and --batches 1: the headline is alpha 0.8, k 4, batch 1")
     device = "cpu" if args.tiny else "cuda"
@@ -228,6 +236,9 @@ def main() -> None:
         prompt_ids = [tokenizer.encode(p) for p in prompts]
         polling = ["--busy-poll", args.busy_poll, "--idle-poll", idle_poll]
         idle_cpus = IdleCpus() if args.idle_cpus_ab else None
+        # the A/B variant: (metric suffix, context manager factory) measured again on the same processes
+        variant = (("_idle_cpus", lambda: spinning(idle_cpus)) if idle_cpus is not None
+                   else ("_pinned", lambda: pinned(trio.services)) if args.pin_ab else None)
         common = ["--device", device, "--dtype", dtype, "--max-model-len", "1024", "--log-level", "WARNING", *polling,
                   "--max-batch-size", str(max(args.batches)),  # graphs of no larger batch bucket
                   *(["--layer-kernels", args.layer_kernels] if args.layer_kernels else []),
@@ -250,12 +261,13 @@ def main() -> None:
                     metrics[f"target_only_tok_s_bs{batch}"] = result["tok_s"]
                     metrics[f"target_only_step_ms_bs{batch}"] = result["step_ms"]
                     references[batch] = result["token_ids"]
-                    if idle_cpus is not None:
-                        with spinning(idle_cpus):
+                    if variant is not None:
+                        suffix, entered = variant
+                        with entered():
                             result = run_config(stub, prompts, batch, args.max_new_tokens, 0)
-                        metrics[f"target_only_tok_s_bs{batch}_idle_cpus"] = result["tok_s"]
-                        metrics[f"target_only_step_ms_bs{batch}_idle_cpus"] = result["step_ms"]
-                        metrics[f"target_only_outputs_differ_bs{batch}_idle_cpus"] = sum(
+                        metrics[f"target_only_tok_s_bs{batch}{suffix}"] = result["tok_s"]
+                        metrics[f"target_only_step_ms_bs{batch}{suffix}"] = result["step_ms"]
+                        metrics[f"target_only_outputs_differ_bs{batch}{suffix}"] = sum(
                             a != b for a, b in zip(result["token_ids"], references[batch]))
             if len(references) == 2:
                 metrics["target_only_outputs_differ_bs1_vs_bs8"] = sum(a != b for a, b in zip(*references.values()))
@@ -295,25 +307,27 @@ def main() -> None:
                             ids = result.pop("token_ids")
                             result["outputs_differ_from_reference"] = sum(a != b for a, b in zip(ids, reference))
                             details[name] = result
-                            if idle_cpus is not None and alpha == 0.8:
-                                with spinning(idle_cpus):
+                            if variant is not None and alpha == 0.8:
+                                suffix, entered = variant
+                                with entered():
                                     result = run_config(stub, prompts, batch, args.max_new_tokens, k, f"oracle-{alpha:g}")
-                                metrics[f"spec_tok_s_{name}_idle_cpus"] = result["tok_s"]
+                                metrics[f"spec_tok_s_{name}{suffix}"] = result["tok_s"]
                                 ids = result.pop("token_ids")
                                 result["outputs_differ_from_reference"] = sum(a != b for a, b in zip(ids, reference))
-                                details[f"{name}_idle_cpus"] = result
+                                details[f"{name}{suffix}"] = result
         finally:
             trio.stop()
             if idle_cpus is not None:
                 idle_cpus.close()
-    if args.idle_cpus_ab and "alpha0.8_k4_bs1_idle_cpus" in details:
-        fast = details["alpha0.8_k4_bs1_idle_cpus"]
-        metrics["draft_propose_ms_k4_idle_cpus"] = fast["draft_ms_per_step"]
-        metrics["target_verify_ms_k4_idle_cpus"] = fast["target_ms_per_step"]
-        metrics["rpc_overhead_fraction_idle_cpus"] = fast["rpc_overhead_fraction"]
+    if variant is not None and f"alpha0.8_k4_bs1{variant[0]}" in details:
+        suffix = variant[0]
+        fast = details[f"alpha0.8_k4_bs1{suffix}"]
+        metrics[f"draft_propose_ms_k4{suffix}"] = fast["draft_ms_per_step"]
+        metrics[f"target_verify_ms_k4{suffix}"] = fast["target_ms_per_step"]
+        metrics[f"rpc_overhead_fraction{suffix}"] = fast["rpc_overhead_fraction"]
         for batch in batches:
-            metrics[f"spec_over_target_only_alpha0.8_k4_bs{batch}_idle_cpus"] = (
-                metrics[f"spec_tok_s_alpha0.8_k4_bs{batch}_idle_cpus"] / metrics[f"target_only_tok_s_bs{batch}_idle_cpus"])
+            metrics[f"spec_over_target_only_alpha0.8_k4_bs{batch}{suffix}"] = (
+                metrics[f"spec_tok_s_alpha0.8_k4_bs{batch}{suffix}"] / metrics[f"target_only_tok_s_bs{batch}{suffix}"])
     best = details["alpha0.8_k4_bs1"]
     metrics["draft_propose_ms_k4"] = best["draft_ms_per_step"]
     metrics["target_verify_ms_k4"] = best["target_ms_per_step"]
@@ -346,6 +360,22 @@ def spinning(idle_cpus: IdleCpus):
         yield
     finally:
         idle_cpus.pause()
+
+
+@contextmanager
+def pinned(services: list[Service]):
+    """Each running service's threads on a CPU of its own, from the last CPUs (as --pin-services
+    gives them), then back on every CPU."""
+    everywhere = frozenset(os.sched_getaffinity(0))
+    running = [s for s in services if s.process.poll() is None]
+    for service, cpu in zip(running, itertools.cycle(sorted(everywhere, reverse=True))):
+        pin_process(frozenset({cpu}), service.process.pid)
+    try:
+        yield
+    finally:
+        for service in running:
+            if service.process.poll() is None:
+                pin_process(everywhere, service.process.pid)
 
 
 def ahead_counts(draft: str) -> tuple[int, int]:

@@ -34,10 +34,10 @@ def parse_cpus(text: str) -> frozenset[int]:
     return frozenset(cpus)
 
 
-def pin_process(cpus: frozenset[int]) -> None:
-    """Every thread of this process (gRPC's, torch's, already running or started later) on `cpus`.
-    sched_setaffinity applies to one thread; new threads inherit their creator's set."""
-    for task in os.listdir("/proc/self/task"):
+def pin_process(cpus: frozenset[int], pid: int | None = None) -> None:
+    """Every thread of a process (this one by default; gRPC's, torch's, already running or started
+    later) on `cpus`. sched_setaffinity applies to one thread; new threads inherit their creator's set."""
+    for task in os.listdir(f"/proc/{pid or 'self'}/task"):
         try:
             os.sched_setaffinity(int(task), cpus)
         except ProcessLookupError:  # the thread ended meanwhile

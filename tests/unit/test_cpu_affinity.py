@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from specdec.cli_args import add_server_args
-from specdec.cpu_affinity import parse_cpus
+from specdec.cpu_affinity import parse_cpus, pin_process
 from specdec.launch import Trio
 
 CPUS = sorted(os.sched_getaffinity(0))
@@ -66,6 +66,23 @@ stop.set()
     affinities = json.loads(out)
     # the main thread, ours before and after, and any the imports started
     assert len(affinities) >= 3 and all(cpus == [CPUS[-1]] for cpus in affinities)
+
+
+def test_another_process_is_pinned_by_its_pid_and_freed_again():
+    """How gpu_e2e --pin-ab pins services it started unpinned, then gives them every CPU back."""
+    script = "import threading, time; threading.Thread(target=time.sleep, args=(60,)).start(); time.sleep(60)"
+    child = subprocess.Popen([sys.executable, "-c", script])
+    try:
+        tasks = Path(f"/proc/{child.pid}/task")
+        while len(list(tasks.iterdir())) < 2:
+            time.sleep(0.01)
+        pin_process(frozenset({CPUS[-1]}), child.pid)
+        assert [os.sched_getaffinity(int(t.name)) for t in tasks.iterdir()] == [{CPUS[-1]}] * 2
+        pin_process(frozenset(CPUS), child.pid)
+        assert [os.sched_getaffinity(int(t.name)) for t in tasks.iterdir()] == [set(CPUS)] * 2
+    finally:
+        child.kill()
+        child.wait()
 
 
 def test_a_service_started_with_cpus_serves_from_those_alone(tmp_path):
