@@ -18,8 +18,9 @@ Medians over the steps (a request's first step, after its prefill, falls out of 
 `--busy-poll`: the three services' flag (specdec/busy_poll.py; auto polls on the GPU host, not on a
 2-core one); step_trace_spin.json was measured before the flag, with every loop spinning from a
 spinner the probe had then, as `--busy-poll on` does now at one stream.
+`--draft-head-rows N`, `--draft-quantize int8` and `--pin-services` as gpu_e2e.py has them.
 Usage: python bench/step_trace.py [--tiny] [--busy-poll auto|on|off] [--draft-quantize none|int8]
-                                  [--keep-traces DIR] [--out PATH]
+                                  [--draft-head-rows N] [--pin-services] [--keep-traces DIR] [--out PATH]
 """
 from __future__ import annotations
 
@@ -41,7 +42,8 @@ sys.path[:0] = [str(ROOT), str(ROOT / "bench"), str(ROOT / "tests")]
 import specdec  # noqa: E402,F401 - before grpc: it picks gRPC's poller (specdec/__init__.py)
 import grpc  # noqa: E402
 
-from gpu_e2e import LLAMA_1B, LLAMA_8B, TINY, prompts_text, run_config, write_model_dir  # noqa: E402
+from gpu_e2e import (LLAMA_1B, LLAMA_8B, TINY, prompts_text, run_config, write_model_dir,  # noqa: E402
+                     write_reduced_head_draft)
 from report import save_report  # noqa: E402
 from tiny_models import build_tokenizer  # noqa: E402
 
@@ -77,7 +79,9 @@ def round_trip_parts(traces: dict[str, list[Interval]], rpc: Interval, service: 
     call = "verify" if service == "tgt" else "propose"
     engine = inside(traces.get(f"{service}.{call}", []), rpc)
     work = [w for e in engine for w in inside(traces.get(f"{service}.process", []), e)]
-    gpu = [g for w in work for g in inside(traces.get("gpu.replay", []), (w[0], w[1] + 50_000_000))][:1]
+    # every graph replayed during the work (the draft's loop replays one a step); a replay's interval is
+    # its host call time plus its device time, so it may end after the work does
+    gpu = [g for w in work for g in inside(traces.get("gpu.replay", []), (w[0], w[1] + 50_000_000)) if g[0] <= w[1]]
     wall, engine_ms, work_ms = _span([rpc]), _span(engine), _span(work)
     parts = {f"{service}_rpc_ms": wall, f"{service}_transport_ms": wall - engine_ms,
              f"{service}_handoff_ms": engine_ms - work_ms, f"{service}_process_ms": work_ms}
@@ -127,6 +131,8 @@ def main() -> None:
     parser.add_argument("--num-prompts", type=int, default=4)
     parser.add_argument("--draft-quantize", choices=["none", "int8"], default="none")
     parser.add_argument("--busy-poll", choices=["auto", "on", "off"], default="auto")
+    parser.add_argument("--draft-head-rows", type=int, default=None, help="the draft's LM head keeps this many rows")
+    parser.add_argument("--pin-services", action="store_true", help="each service on a CPU of its own (--cpus)")
     parser.add_argument("--keep-traces", type=Path, default=None, help="copy the probes' files here")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
@@ -140,6 +146,9 @@ def main() -> None:
         tokenizer = build_tokenizer()
         target_model = write_model_dir(work / "target", target_shape, tokenizer)
         draft_model = write_model_dir(work / "draft", draft_shape, tokenizer)
+        if args.draft_head_rows:
+            draft_model = write_reduced_head_draft(work / "draft-reduced-head", draft_model, args.draft_head_rows)
+        cpus = itertools.cycle(sorted(os.sched_getaffinity(0), reverse=True))  # --pin-services: the last CPUs
         prompts = prompts_text(tokenizer, args.num_prompts, args.prompt_tokens)
         prompt_ids = [tokenizer.encode(p) for p in prompts]
         common = ["--device", device, "--dtype", dtype, "--max-model-len", "1024", "--log-level", "WARNING",
@@ -148,8 +157,9 @@ def main() -> None:
 
         def spawn(name: str, module: str, service_args: list[str]) -> str:
             env = {"SPECDEC_TRACE_RUN": module, "SPECDEC_TRACE_DIR": str(traces_dir)}
-            return trio.wait_ready(trio.spawn(name, "bench.trace_probe", [*service_args, "--busy-poll", args.busy_poll],
-                                              env=env), 900)
+            pin = ["--cpus", str(next(cpus))] if args.pin_services else []
+            return trio.wait_ready(trio.spawn(name, "bench.trace_probe", [*service_args, "--busy-poll", args.busy_poll,
+                                                                          *pin], env=env), 900)
 
         windows: dict[str, Interval] = {}
         try:

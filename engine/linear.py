@@ -86,17 +86,20 @@ def dequantize_int8(qweight: torch.Tensor, scale: torch.Tensor, dtype: torch.dty
 # 118; qkv 5.9 against 6.2 and o_proj 5.7 against 5.7, no gain; down_proj (2048 rows, K = 8192) 14.5
 # against 12.6, a loss.
 CUDA_MIN_INT8_OUT_FEATURES = 8192
+# ... or products of a K this long (a draft's down projection), which the skinny kernel splits along K
+CUDA_MIN_INT8_IN_FEATURES = 1 << 62
 
 
-def quantize_int8(module: nn.Module, min_out_features: int = 0) -> None:
+def quantize_int8(module: nn.Module, min_out_features: int = 0, min_in_features: int | None = None) -> None:
     """Replaces every linear child of `module` (recursively; nn.Linear or CpuLinear) of at least
-    `min_out_features` outputs with an Int8Linear."""
+    `min_out_features` outputs, or of at least `min_in_features` inputs, with an Int8Linear."""
     for name, child in module.named_children():
         if isinstance(child, nn.Linear | CpuLinear):
-            if child.weight.shape[0] >= min_out_features:
+            out_features, in_features = child.weight.shape
+            if out_features >= min_out_features or (min_in_features is not None and in_features >= min_in_features):
                 setattr(module, name, Int8Linear(child))
         else:
-            quantize_int8(child, min_out_features)
+            quantize_int8(child, min_out_features, min_in_features)
 
 
 def use_cpu_linear(module: nn.Module) -> None:
