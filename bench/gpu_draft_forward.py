@@ -16,8 +16,6 @@ draft's captured loop at batch 1 and 8 (host sync included). The levers:
             its one Triton kernel (engine/triton_draft_step.py): A/Bs that kernel
   * fullpick the loop's greedy pick as an argmax of vocabulary-wide logits, not the reduced head's own
             (LayerStages.greedy_ids): A/Bs that pick
-  * int8down with int8: the down projections too (K = 8192: model_runner.CUDA_MIN_INT8_IN_FEATURES),
-            split along K as bf16's are
   * attnN   attention's key ranges a tile at most (engine/triton_attention.MAX_FILL_SPLITS, default 16):
             `attn1` never splits, so no combine kernel runs (a draft's attention is not batch-invariant,
             so its split is free to choose); with a short --prompt, A/Bs the combine's cost
@@ -59,7 +57,6 @@ VARIANTS = ["bf16", "bf16_split4", "bf16_pdl_split4", "int8_32k", "int8_32k_spli
             "int8all_32k_pdl_split4", "int8all_32k_pdl_split2", "int8all_32k_pdl_split8",
             "int8all_32k_pdl_split4_mink2048", "bf16_2", "int8all_32k_pdl_split4_2"]
 MIN_INT8_OUT = model_runner.CUDA_MIN_INT8_OUT_FEATURES
-MIN_INT8_IN = model_runner.CUDA_MIN_INT8_IN_FEATURES
 MAX_FILL_SPLITS = triton_attention.MAX_FILL_SPLITS
 
 
@@ -70,7 +67,6 @@ def settings(name: str) -> dict:
     return {
         "quantize": "int8" if parts[0].startswith("int8") else "none",
         "min_int8_out": 0 if parts[0] == "int8all" else MIN_INT8_OUT,
-        "min_int8_in": 8192 if "int8down" in parts else MIN_INT8_IN,
         "head_rows": HEAD_ROWS if "32k" in parts else None,
         "pdl": "pdl" in parts,
         "split_k": split,
@@ -87,7 +83,6 @@ def build(hf, setting: dict) -> ModelRunner:
     fused_stages.QKV_ROPE = setting["qkv_rope"]
     triton_linear.SPLIT_K, triton_linear.SPLIT_K_MIN_K = setting["split_k"], setting["split_k_min_k"]
     model_runner.CUDA_MIN_INT8_OUT_FEATURES = setting["min_int8_out"]
-    model_runner.CUDA_MIN_INT8_IN_FEATURES = setting["min_int8_in"]
     triton_attention.MAX_FILL_SPLITS = setting["attention_splits"]  # read at each launch, so at capture
     full_head = hf.lm_head
     if setting["head_rows"]:  # a fresh one: quantizing replaces the head's own rows
@@ -177,7 +172,7 @@ def _closeness(logits: dict[str, torch.Tensor]) -> dict[str, float]:
 
 def _weights(name: str) -> tuple:
     setting = settings(name)
-    return setting["quantize"], setting["min_int8_out"], setting["min_int8_in"], setting["head_rows"]
+    return setting["quantize"], setting["min_int8_out"], setting["head_rows"]
 
 
 if __name__ == "__main__":

@@ -84,22 +84,21 @@ def dequantize_int8(qweight: torch.Tensor, scale: torch.Tensor, dtype: torch.dty
 # kernel to be bound by their bytes. H200, Llama-3.2-1B, 1 row (bench/results/tune_linear_int8.json
 # against tune_linear.json's bf16): gate/up (16384 rows) 12.3 us against 18.0, the LM head 67 against
 # 118; qkv 5.9 against 6.2 and o_proj 5.7 against 5.7, no gain; down_proj (2048 rows, K = 8192) 14.5
-# against 12.6, a loss.
+# against 12.6, a loss; split along K as bf16's is, still a loss: a 1B decode replay 0.771 / 0.771 ms
+# with a bf16 down projection, 0.803 / 0.805 with an int8 one (bench/results/gpu_draft_forward_int8down.json,
+# a variant of bench/gpu_draft_forward.py at commit 6729999).
 CUDA_MIN_INT8_OUT_FEATURES = 8192
-# ... or products of a K this long (a draft's down projection), which the skinny kernel splits along K
-CUDA_MIN_INT8_IN_FEATURES = 1 << 62
 
 
-def quantize_int8(module: nn.Module, min_out_features: int = 0, min_in_features: int | None = None) -> None:
+def quantize_int8(module: nn.Module, min_out_features: int = 0) -> None:
     """Replaces every linear child of `module` (recursively; nn.Linear or CpuLinear) of at least
-    `min_out_features` outputs, or of at least `min_in_features` inputs, with an Int8Linear."""
+    `min_out_features` outputs with an Int8Linear."""
     for name, child in module.named_children():
         if isinstance(child, nn.Linear | CpuLinear):
-            out_features, in_features = child.weight.shape
-            if out_features >= min_out_features or (min_in_features is not None and in_features >= min_in_features):
+            if child.weight.shape[0] >= min_out_features:
                 setattr(module, name, Int8Linear(child))
         else:
-            quantize_int8(child, min_out_features, min_in_features)
+            quantize_int8(child, min_out_features)
 
 
 def use_cpu_linear(module: nn.Module) -> None:

@@ -15,7 +15,7 @@ from engine.attention import paged_attention_reference
 from engine.batch import StepInput, build_forward_batch
 from engine.cuda_graphs import CudaGraphRunner, GraphConfig
 from engine.kv_cache import KVCacheConfig, KVPool
-from engine.linear import CUDA_MIN_INT8_IN_FEATURES, CUDA_MIN_INT8_OUT_FEATURES, quantize_int8, use_cpu_linear
+from engine.linear import CUDA_MIN_INT8_OUT_FEATURES, quantize_int8, use_cpu_linear
 from engine.llama import AttentionFn, CausalLM
 from engine.model_source import LoadedModel, default_cache_dir, load_pretrained
 from engine.tokenizer_info import eos_token_ids, tokenizer_fingerprint
@@ -100,10 +100,7 @@ class ModelRunner:
         self.max_model_len = _max_model_len(hf_config, config.max_model_len)
         self.model = CausalLM(loaded.hf_model, self.max_model_len + POSITION_HEADROOM)
         if config.quantize == "int8":  # engine/linear.Int8Linear: on CUDA the wide products only
-            if device.type == "cuda":
-                quantize_int8(self.model, CUDA_MIN_INT8_OUT_FEATURES, CUDA_MIN_INT8_IN_FEATURES)
-            else:
-                quantize_int8(self.model)
+            quantize_int8(self.model, CUDA_MIN_INT8_OUT_FEATURES if device.type == "cuda" else 0)
         elif device.type == "cpu":
             use_cpu_linear(self.model)  # few-row forwards (verify, catch-up) in MKL's fast form: engine/linear.py
         self.tokenizer = loaded.tokenizer

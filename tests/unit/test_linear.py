@@ -59,13 +59,6 @@ def test_quantize_int8_keeps_products_narrower_than_asked_in_their_own_dtype():
     assert isinstance(model[0], Int8Linear) and isinstance(model[1][1], nn.Linear)
 
 
-def test_quantize_int8_also_takes_narrow_products_of_a_long_k_when_asked():
-    """A draft's down projection: narrow (2048 outputs) but K = 8192, split along K on CUDA."""
-    model = nn.Sequential(nn.Linear(32, 4), nn.Linear(8, 4), nn.Linear(8, 16))
-    quantize_int8(model, min_out_features=16, min_in_features=32)
-    assert [type(m) for m in model] == [Int8Linear, nn.Linear, Int8Linear]
-
-
 @pytest.mark.parametrize("layer_kernels", ["auto", "fused", "reference"])
 def test_int8_drafts_run_on_gpus_with_any_layer_kernels(layer_kernels):
     assert RuntimeConfig(model="m", device="cuda", quantize="int8", layer_kernels=layer_kernels).quantize == "int8"
