@@ -34,7 +34,6 @@ Usage: python bench/gpu_e2e.py [--tiny] [--skip-hf] [--layer-kernels auto|fused|
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import os
 import re
@@ -61,7 +60,7 @@ from engine.subset_head import SubsetLMHead  # noqa: E402
 from report import save_report  # noqa: E402
 from specdec.busy_poll import MODES as BUSY_POLL_MODES  # noqa: E402
 from specdec.client import collect  # noqa: E402
-from specdec.cpu_affinity import pin_process  # noqa: E402
+from specdec.cpu_affinity import cpus_from_the_last, pin_process  # noqa: E402
 from specdec.idle_cpus import IdleCpus  # noqa: E402
 from specdec.launch import Service, Trio, interrupt_on_sigterm  # noqa: E402
 from specdec.v1 import common_pb2, draft_pb2_grpc, gateway_pb2, gateway_pb2_grpc  # noqa: E402
@@ -245,7 +244,7 @@ def main() -> None:
                   "--kv-cache-tokens", str(16 * (args.prompt_tokens * 2 + args.max_new_tokens + 64))]
         # a service's --cpus: a CPU of its own from the last ones (shared round-robin where there are
         # fewer CPUs than services: the CPU tests' --tiny)
-        service_cpus = itertools.cycle(sorted(os.sched_getaffinity(0), reverse=True))
+        service_cpus = cpus_from_the_last()
         pin = (lambda: ["--cpus", str(next(service_cpus))]) if args.pin_services else (lambda: [])  # noqa: E731
         trio = Trio(work)
         try:
@@ -368,7 +367,7 @@ def pinned(services: list[Service]):
     gives them), then back on every CPU."""
     everywhere = frozenset(os.sched_getaffinity(0))
     running = [s for s in services if s.process.poll() is None]
-    for service, cpu in zip(running, itertools.cycle(sorted(everywhere, reverse=True))):
+    for service, cpu in zip(running, cpus_from_the_last()):
         pin_process(frozenset({cpu}), service.process.pid)
     try:
         yield

@@ -47,6 +47,7 @@ from gpu_e2e import (LLAMA_1B, LLAMA_8B, TINY, prompts_text, run_config, write_m
 from report import save_report  # noqa: E402
 from tiny_models import build_tokenizer  # noqa: E402
 
+from specdec.cpu_affinity import cpus_from_the_last  # noqa: E402
 from specdec.launch import Trio, interrupt_on_sigterm  # noqa: E402
 from specdec.v1 import gateway_pb2_grpc  # noqa: E402
 
@@ -148,7 +149,7 @@ def main() -> None:
         draft_model = write_model_dir(work / "draft", draft_shape, tokenizer)
         if args.draft_head_rows:
             draft_model = write_reduced_head_draft(work / "draft-reduced-head", draft_model, args.draft_head_rows)
-        cpus = itertools.cycle(sorted(os.sched_getaffinity(0), reverse=True))  # --pin-services: the last CPUs
+        cpus = cpus_from_the_last()  # --pin-services
         prompts = prompts_text(tokenizer, args.num_prompts, args.prompt_tokens)
         prompt_ids = [tokenizer.encode(p) for p in prompts]
         common = ["--device", device, "--dtype", dtype, "--max-model-len", "1024", "--log-level", "WARNING",

@@ -14,7 +14,9 @@ default; one CPU per service suits a GPU service at batch 1, whose forwards run 
 """
 from __future__ import annotations
 
+import itertools
 import os
+from collections.abc import Iterator
 
 
 def parse_cpus(text: str) -> frozenset[int]:
@@ -42,3 +44,9 @@ def pin_process(cpus: frozenset[int], pid: int | None = None) -> None:
             os.sched_setaffinity(int(task), cpus)
         except ProcessLookupError:  # the thread ended meanwhile
             pass
+
+
+def cpus_from_the_last() -> Iterator[int]:
+    """A CPU for each service started, from this process's last CPUs down (round robin once they run
+    out): what the benchmarks' --pin-services / --pin-ab give each service."""
+    return itertools.cycle(sorted(os.sched_getaffinity(0), reverse=True))

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from specdec.cli_args import add_server_args
-from specdec.cpu_affinity import parse_cpus, pin_process
+from specdec.cpu_affinity import cpus_from_the_last, parse_cpus, pin_process
 from specdec.launch import Trio
 
 CPUS = sorted(os.sched_getaffinity(0))
@@ -66,6 +66,11 @@ stop.set()
     affinities = json.loads(out)
     # the main thread, ours before and after, and any the imports started
     assert len(affinities) >= 3 and all(cpus == [CPUS[-1]] for cpus in affinities)
+
+
+def test_services_take_cpus_from_the_last_down_and_share_once_they_run_out():
+    cpus = cpus_from_the_last()
+    assert [next(cpus) for _ in range(2 * len(CPUS))] == CPUS[::-1] * 2
 
 
 def test_another_process_is_pinned_by_its_pid_and_freed_again():
