@@ -2,7 +2,7 @@
 (engine/pdl.py, the default `--lever pdl`) or the QKV product with rotary in its epilogue
 (`--lever qkv_rope`, engine/fused_stages.QKV_ROPE); random-weight Llama-3.1-8B (target) and
 Llama-3.2-1B (draft) shapes, bf16, prompt 512. (A third lever, the attention's combine inside its
-kernel, measured slower and was dropped: bench/results/gpu_fused_combine.json, README.)
+kernel, measured slower and was dropped: bench/results/gpu_fused_combine.json, docs/benchmarks.md.)
 
 For each shape and each setting (off, then on; the same process, the graphs captured afresh):
 the device time of a batch-1 decode replay (q = 1) and verify replay (q = 5), the wall time of a

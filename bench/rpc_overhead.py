@@ -10,7 +10,7 @@ target-only outputs (greedy, lossless).
 
 Default: tiny random Llama models on the CPU (the draft a perturbed copy of the target, so it
 accepts some), where a forward takes ~1 ms and the host work dominates - a reproduction of the host
-overhead measured on the H200 (README, issue 4). `--gpu`: the 8B / 1B shapes of gpu_e2e.py in bf16.
+overhead measured on the H200 (docs/benchmarks.md, issue 4). `--gpu`: the 8B / 1B shapes of gpu_e2e.py in bf16.
 Usage: python bench/rpc_overhead.py [--gpu] [--layer-kernels auto|fused|reference] [--rounds N] [--out PATH]
 """
 from __future__ import annotations

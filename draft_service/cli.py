@@ -24,7 +24,7 @@ def main(argv: list[str] | None = None) -> None:
     add_runtime_args(parser, "SPECDEC_DRAFT", DEFAULT_MODEL)
     parser.add_argument("--quantize", choices=["none", "int8"], default=env_default("SPECDEC_DRAFT", "quantize", None),
                         help="weight-only int8 drafts (default: int8 on CPU, where a draft step is bound by the bytes "
-                             "it reads; none on GPU, where int8 takes the wide products only: README, 'A draft in "
+                             "it reads; none on GPU, where int8 takes the wide products only: docs/benchmarks.md, 'A draft in "
                              "int8'). A draft's numerics never change the output")
     parser.add_argument("--draft-ahead", action=argparse.BooleanOptionalAction,
                         default=env_default("SPECDEC_DRAFT", "draft_ahead", "0") not in ("0", "false", ""),
