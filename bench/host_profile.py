@@ -36,6 +36,7 @@ from engine.model_source import LoadedModel  # noqa: E402
 from engine.target_engine import TargetEngine  # noqa: E402
 
 PROMPT = 128
+NEW_TOKENS = 64  # room a sequence asks for: every call goes back to the prompt
 
 
 def build_runner(shape: dict, layer_kernels: str, device: str) -> ModelRunner:
@@ -72,7 +73,7 @@ def profile_text(profiler: cProfile.Profile, sort: str, limit: int = 30) -> str:
 
 
 async def target_calls(engine: TargetEngine, calls: int) -> tuple[list[int], cProfile.Profile]:
-    seq, _, _ = await engine.prefill(list(range(3, 3 + PROMPT)), 4 * calls + 64)
+    seq, _, _ = await engine.prefill(list(range(3, 3 + PROMPT)), NEW_TOKENS)
     walls = []
     profiler = cProfile.Profile()
     for i in range(2 * calls):
@@ -90,7 +91,7 @@ async def target_calls(engine: TargetEngine, calls: int) -> tuple[list[int], cPr
 
 
 async def draft_calls(drafter: ModelDrafter, calls: int) -> tuple[list[int], cProfile.Profile]:
-    seq = await drafter.start(list(range(3, 3 + PROMPT)), 4 * calls + 64)
+    seq = await drafter.start(list(range(3, 3 + PROMPT)), NEW_TOKENS)
     walls = []
     profiler = cProfile.Profile()
     await drafter.propose(seq, 0, [9], 4)
@@ -98,8 +99,11 @@ async def draft_calls(drafter: ModelDrafter, calls: int) -> tuple[list[int], cPr
         if i == calls:
             profiler.enable()
         start = time.perf_counter_ns()
-        await drafter.propose(seq, 0, [9], 4)  # none accepted, then the target's token: one more a call
+        await drafter.propose(seq, 0, [9], 4)  # none accepted, then the target's token
         walls.append(time.perf_counter_ns() - start)
+        del seq.token_ids[PROMPT:]  # back to the prompt: every call alike
+        seq.num_proposed = 0
+        seq.kv.truncate(PROMPT)
     profiler.disable()
     drafter.release(seq)
     return walls[:calls], profiler

@@ -30,6 +30,17 @@ class DraftSequence:
         after all of the open proposal was accepted, asking the same k again."""
         return self.ahead is not None and num_accepted == self.num_proposed == num_draft_tokens
 
+    def check_room(self, num_accepted: int, num_appended: int, num_draft_tokens: int) -> None:
+        """A model drafter's sequence ends at max_len (prompt + max_new_tokens): the KV it was promised
+        and the positions its model has end there. Checked before anything changes, as a verify is."""
+        num_kept = self.num_proposed if not 0 <= num_accepted <= self.num_proposed else num_accepted
+        committed = len(self.token_ids) - self.num_proposed + num_kept + num_appended
+        if committed + num_draft_tokens > self.max_len:
+            raise InvalidRequestError(
+                f"proposing {num_draft_tokens} tokens after {committed} committed would pass the sequence's "
+                f"limit of {self.max_len} tokens (prompt + max_new_tokens)"
+            )
+
     def reconcile(self, num_accepted: int, append_ids: list[int]) -> int:
         """Keeps the first `num_accepted` proposed tokens, drops the rest, appends `append_ids`.
 

@@ -102,6 +102,7 @@ class ModelDrafter:
         """Rolls back to the accepted prefix, appends the committed tokens, proposes k more."""
         check_propose(num_draft_tokens, self._max_draft_tokens)
         self.runner.check_token_ids(append_ids, "append_ids")
+        seq.check_room(num_accepted, len(append_ids), num_draft_tokens)
         chain = None
         if seq.may_use_ahead(num_accepted, num_draft_tokens):
             chain = await self._finish_ahead(seq)
