@@ -21,7 +21,7 @@ class DraftSequence:
     num_promised_blocks: int = 0  # what KV admission promised (model drafters only)
     sampling: SamplingParams = SamplingParams()  # greedy unless the request samples
     proposal_probs: list[Distribution] = field(default_factory=list)  # what the open proposal was drawn from
-    max_len: int = 0  # prompt + max_new_tokens (model drafters only)
+    max_len: int = 0  # prompt + max_new_tokens
     ahead: asyncio.Future | None = None  # draft-ahead (engine/model_drafter.py): the open proposal continued
     prefill_forward_ns: int = 0  # the forward time of the prompt's prefill at start (model drafters only)
 
@@ -31,8 +31,9 @@ class DraftSequence:
         return self.ahead is not None and num_accepted == self.num_proposed == num_draft_tokens
 
     def check_room(self, num_accepted: int, num_appended: int, num_draft_tokens: int) -> None:
-        """A model drafter's sequence ends at max_len (prompt + max_new_tokens): the KV it was promised
-        and the positions its model has end there. Checked before anything changes, as a verify is."""
+        """A sequence ends at max_len (prompt + max_new_tokens), as the target's does: a model drafter's
+        promised KV and its model's positions end there, and an n-gram drafter's lookups scan it all.
+        Checked before anything changes."""
         num_kept = self.num_proposed if not 0 <= num_accepted <= self.num_proposed else num_accepted
         committed = len(self.token_ids) - self.num_proposed + num_kept + num_appended
         if committed + num_draft_tokens > self.max_len:

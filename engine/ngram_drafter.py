@@ -36,12 +36,13 @@ class NgramDrafter:
         check_new_sequence(prompt_ids, max_new_tokens, self.description.max_model_len)
         self._num_active += 1
         self._num_started += 1
-        return DraftSequence(list(prompt_ids), sampling=sampling)
+        return DraftSequence(list(prompt_ids), sampling=sampling, max_len=len(prompt_ids) + max_new_tokens)
 
     async def propose(
         self, seq: DraftSequence, num_accepted: int, append_ids: list[int], num_draft_tokens: int
     ) -> tuple[list[int], ProposeTiming]:
         check_propose(num_draft_tokens, self._max_draft_tokens)
+        seq.check_room(num_accepted, len(append_ids), num_draft_tokens)
         seq.reconcile(num_accepted, append_ids)
         draft_ids = ngram_lookup(seq.token_ids, num_draft_tokens, self._max_ngram)
         seq.token_ids += draft_ids

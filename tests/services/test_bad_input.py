@@ -95,21 +95,21 @@ def test_draft_rejects_num_draft_tokens_out_of_range(k, draft_stub):
     assert "num_draft_tokens must be in [1, 16]" in info.value.details()
 
 
-def test_draft_rejects_a_propose_past_the_sequence_limit_and_keeps_serving(target_stub, draft_stub):
-    """Positions past prompt + max_new_tokens have no KV promised and may pass the model's rotary
-    tables: a model draft refuses them as the target refuses such a verify."""
+@pytest.mark.parametrize("drafter", ["perturbed", "ngram"])
+def test_draft_rejects_a_propose_past_the_sequence_limit_and_keeps_serving(drafter, target_stub, draft_stub):
+    """Positions past prompt + max_new_tokens have no KV promised and may pass a model's rotary
+    tables: a draft refuses them as the target refuses such a verify."""
     requests = [draft_pb2.DraftRequest(start=draft_pb2.StartCommand(prompt_ids=[5, 6, 7], max_new_tokens=4)),
                 draft_pb2.DraftRequest(propose=draft_pb2.ProposeCommand(append_ids=[8], num_draft_tokens=3)),
-                draft_pb2.DraftRequest(propose=draft_pb2.ProposeCommand(num_accepted_draft_tokens=3, append_ids=[9],
-                                                                        num_draft_tokens=1))]
+                draft_pb2.DraftRequest(propose=draft_pb2.ProposeCommand(append_ids=[9], num_draft_tokens=3))]
     responses = []
     with pytest.raises(grpc.RpcError) as info:
-        for response in draft_stub("perturbed").Sequence(iter(requests), timeout=30):
+        for response in draft_stub(drafter).Sequence(iter(requests), timeout=30):
             responses.append(response)
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert "proposing 1 tokens after 8 committed would pass the sequence's limit of 7 tokens" in info.value.details()
-    assert len(responses[-1].proposal.draft_ids) == 3  # the first propose (4 + 3 = 7 tokens) was served
-    _wait_until_idle(target_stub, draft_stub("perturbed"))
+    assert "proposing 3 tokens after 5 committed would pass the sequence's limit of 7 tokens" in info.value.details()
+    assert responses[-1].HasField("proposal")  # the first propose (4 + 3 = 7 tokens) was served
+    _wait_until_idle(target_stub, draft_stub(drafter))
 
 
 def test_draft_rejects_propose_before_start(draft_stub):
