@@ -235,9 +235,6 @@ def main() -> None:
         prompt_ids = [tokenizer.encode(p) for p in prompts]
         polling = ["--busy-poll", args.busy_poll, "--idle-poll", idle_poll]
         idle_cpus = IdleCpus() if args.idle_cpus_ab else None
-        # the A/B variant: (metric suffix, context manager factory) measured again on the same processes
-        variant = (("_idle_cpus", lambda: spinning(idle_cpus)) if idle_cpus is not None
-                   else ("_pinned", lambda: pinned(trio.services)) if args.pin_ab else None)
         common = ["--device", device, "--dtype", dtype, "--max-model-len", "1024", "--log-level", "WARNING", *polling,
                   "--max-batch-size", str(max(args.batches)),  # graphs of no larger batch bucket
                   *(["--layer-kernels", args.layer_kernels] if args.layer_kernels else []),
@@ -247,6 +244,9 @@ def main() -> None:
         service_cpus = cpus_from_the_last()
         pin = (lambda: ["--cpus", str(next(service_cpus))]) if args.pin_services else (lambda: [])  # noqa: E731
         trio = Trio(work)
+        # the A/B variant: (metric suffix, context manager factory) measured again on the same processes
+        variant = (("_idle_cpus", lambda: spinning(idle_cpus)) if idle_cpus is not None
+                   else ("_pinned", lambda: pinned(trio.services)) if args.pin_ab else None)
         try:
             started = time.perf_counter()
             target = trio.wait_ready(trio.spawn("target", "target_service", ["--model", target_model, *common, *pin()]), 900)

@@ -30,20 +30,11 @@ class DraftSequence:
         after all of the open proposal was accepted, asking the same k again."""
         return self.ahead is not None and num_accepted == self.num_proposed == num_draft_tokens
 
-    def check_room(self, num_accepted: int, num_appended: int, num_draft_tokens: int) -> None:
-        """A sequence ends at max_len (prompt + max_new_tokens), as the target's does: a model drafter's
-        promised KV and its model's positions end there, and an n-gram drafter's lookups scan it all.
-        Checked before anything changes."""
-        num_kept = self.num_proposed if not 0 <= num_accepted <= self.num_proposed else num_accepted
-        committed = len(self.token_ids) - self.num_proposed + num_kept + num_appended
-        if committed + num_draft_tokens > self.max_len:
-            raise InvalidRequestError(
-                f"proposing {num_draft_tokens} tokens after {committed} committed would pass the sequence's "
-                f"limit of {self.max_len} tokens (prompt + max_new_tokens)"
-            )
-
-    def reconcile(self, num_accepted: int, append_ids: list[int]) -> int:
-        """Keeps the first `num_accepted` proposed tokens, drops the rest, appends `append_ids`.
+    def reconcile(self, num_accepted: int, append_ids: list[int], num_draft_tokens: int) -> int:
+        """Keeps the first `num_accepted` proposed tokens, drops the rest, appends `append_ids`, ahead
+        of proposing `num_draft_tokens` more. Every check comes before anything changes; the sequence
+        ends at max_len (prompt + max_new_tokens), as the target's does: a model drafter's promised KV
+        and its model's positions end there, and an n-gram drafter's lookups scan it all.
 
         Returns how many leading tokens are unchanged (a KV cache stays valid up to there).
         """
@@ -54,6 +45,12 @@ class DraftSequence:
         if not append_ids:
             raise InvalidRequestError("append_ids is empty; send the committed token(s) after the accepted ones")
         num_kept = len(self.token_ids) - self.num_proposed + num_accepted
+        committed = num_kept + len(append_ids)
+        if committed + num_draft_tokens > self.max_len:
+            raise InvalidRequestError(
+                f"proposing {num_draft_tokens} tokens after {committed} committed would pass the sequence's "
+                f"limit of {self.max_len} tokens (prompt + max_new_tokens)"
+            )
         del self.token_ids[num_kept:]
         self.token_ids += append_ids
         self.num_proposed = 0

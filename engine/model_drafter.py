@@ -102,20 +102,20 @@ class ModelDrafter:
         """Rolls back to the accepted prefix, appends the committed tokens, proposes k more."""
         check_propose(num_draft_tokens, self._max_draft_tokens)
         self.runner.check_token_ids(append_ids, "append_ids")
-        seq.check_room(num_accepted, len(append_ids), num_draft_tokens)
         chain = None
         if seq.may_use_ahead(num_accepted, num_draft_tokens):
             chain = await self._finish_ahead(seq)
         elif self._cancel_ahead(seq):  # of no use: dropped at once, not waited for
             self._counters["num_ahead_misses"] += 1
-        if chain is not None and append_ids == chain[:1]:  # the target's token guessed
+        # the target's token guessed (a chain is drafted only within max_len: _start_ahead)
+        if chain is not None and append_ids == chain[:1]:
             self._counters["num_ahead_hits"] += 1
             seq.token_ids += chain
             seq.num_proposed = num_draft_tokens
             result = (chain[1:], ProposeTiming(0))
         else:
             self._counters["num_ahead_misses"] += chain is not None
-            num_kept = seq.reconcile(num_accepted, append_ids)  # the next batch also drops the chain's KV
+            num_kept = seq.reconcile(num_accepted, append_ids, num_draft_tokens)  # the next batch also drops the chain's KV
             result = await self._loop.submit(_Job(seq, num_draft_tokens, num_kept))
         self._start_ahead(seq, num_draft_tokens)
         return result

@@ -42,8 +42,7 @@ class NgramDrafter:
         self, seq: DraftSequence, num_accepted: int, append_ids: list[int], num_draft_tokens: int
     ) -> tuple[list[int], ProposeTiming]:
         check_propose(num_draft_tokens, self._max_draft_tokens)
-        seq.check_room(num_accepted, len(append_ids), num_draft_tokens)
-        seq.reconcile(num_accepted, append_ids)
+        seq.reconcile(num_accepted, append_ids, num_draft_tokens)
         draft_ids = ngram_lookup(seq.token_ids, num_draft_tokens, self._max_ngram)
         seq.token_ids += draft_ids
         seq.num_proposed = len(draft_ids)

@@ -8,13 +8,16 @@ from engine.limits import check_new_sequence
 from specdec.errors import InvalidRequestError
 
 
+MAX_LEN = 64
+
+
 def proposed(committed: list[int], proposal: list[int]) -> DraftSequence:
-    return DraftSequence(token_ids=committed + proposal, num_proposed=len(proposal))
+    return DraftSequence(token_ids=committed + proposal, num_proposed=len(proposal), max_len=MAX_LEN)
 
 
 def test_partial_accept_keeps_accepted_drops_rest():
     seq = proposed([1, 2, 3], [10, 11, 12])
-    num_kept = seq.reconcile(1, [20])
+    num_kept = seq.reconcile(1, [20], 4)
     assert num_kept == 4  # 3 committed + 1 accepted
     assert seq.token_ids == [1, 2, 3, 10, 20]
     assert seq.num_proposed == 0
@@ -22,7 +25,7 @@ def test_partial_accept_keeps_accepted_drops_rest():
 
 def test_all_accepted():
     seq = proposed([1, 2], [10, 11, 12])
-    num_kept = seq.reconcile(3, [13])  # the bonus token follows the whole proposal
+    num_kept = seq.reconcile(3, [13], 4)  # the bonus token follows the whole proposal
     assert num_kept == 5
     assert seq.token_ids == [1, 2, 10, 11, 12, 13]
     assert seq.num_proposed == 0
@@ -30,14 +33,14 @@ def test_all_accepted():
 
 def test_none_accepted():
     seq = proposed([1, 2], [10, 11])
-    num_kept = seq.reconcile(0, [30])
+    num_kept = seq.reconcile(0, [30], 4)
     assert num_kept == 2
     assert seq.token_ids == [1, 2, 30]
 
 
 def test_no_open_proposal():
-    seq = DraftSequence(token_ids=[1, 2, 3])
-    assert seq.reconcile(0, [4, 5]) == 3
+    seq = DraftSequence(token_ids=[1, 2, 3], max_len=MAX_LEN)
+    assert seq.reconcile(0, [4, 5], 4) == 3
     assert seq.token_ids == [1, 2, 3, 4, 5]
 
 
@@ -45,15 +48,25 @@ def test_no_open_proposal():
 def test_num_accepted_out_of_range_raises(num_accepted):
     seq = proposed([1], [10, 11])
     with pytest.raises(InvalidRequestError, match="num_accepted_draft_tokens"):
-        seq.reconcile(num_accepted, [5])
+        seq.reconcile(num_accepted, [5], 4)
     assert seq.token_ids == [1, 10, 11]  # unchanged
+    assert seq.num_proposed == 2
+
+
+def test_a_proposal_past_the_sequence_limit_raises_and_changes_nothing():
+    seq = DraftSequence(token_ids=[1, 2, 10, 11], num_proposed=2, max_len=7)
+    assert seq.reconcile(2, [12], 2) == 4  # 5 committed + 2 proposed fit 7
+    seq = DraftSequence(token_ids=[1, 2, 10, 11], num_proposed=2, max_len=7)
+    with pytest.raises(InvalidRequestError, match="proposing 3 tokens after 5 committed would pass the sequence's limit of 7"):
+        seq.reconcile(2, [12], 3)
+    assert seq.token_ids == [1, 2, 10, 11]
     assert seq.num_proposed == 2
 
 
 def test_empty_append_ids_raises():
     seq = proposed([1], [10, 11])
     with pytest.raises(InvalidRequestError, match="append_ids"):
-        seq.reconcile(1, [])
+        seq.reconcile(1, [], 4)
     assert seq.token_ids == [1, 10, 11]
     assert seq.num_proposed == 2
 
