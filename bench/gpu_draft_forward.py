@@ -16,7 +16,6 @@ draft's captured loop at batch 1 and 8 (host sync included). The levers:
             its one Triton kernel (engine/triton_draft_step.py): A/Bs that kernel
   * fullpick the loop's greedy pick as an argmax of vocabulary-wide logits, not the reduced head's own
             (LayerStages.greedy_ids): A/Bs that pick
-  * wfirst  the skinny products read one tile of W (their last) before the PDL wait (engine/pdl.WEIGHTS_FIRST)
   * attnN   attention's key ranges a tile at most (engine/triton_attention.MAX_FILL_SPLITS, default 16):
             `attn1` never splits, so no combine kernel runs (a draft's attention is not batch-invariant,
             so its split is free to choose); with a short --prompt, A/Bs the combine's cost
@@ -76,12 +75,11 @@ def settings(name: str) -> dict:
         "reference_step": "refstep" in parts,
         "full_pick": "fullpick" in parts,
         "attention_splits": attention_splits,
-        "weights_first": "wfirst" in parts,
     }
 
 
 def build(hf, setting: dict) -> ModelRunner:
-    pdl.ENABLED, pdl.WEIGHTS_FIRST = setting["pdl"], setting["weights_first"]
+    pdl.ENABLED = setting["pdl"]
     fused_stages.QKV_ROPE = setting["qkv_rope"]
     triton_linear.SPLIT_K, triton_linear.SPLIT_K_MIN_K = setting["split_k"], setting["split_k_min_k"]
     model_runner.CUDA_MIN_INT8_OUT_FEATURES = setting["min_int8_out"]

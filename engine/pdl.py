@@ -32,19 +32,6 @@ def from_env(default: bool) -> bool:
 ENABLED = from_env(default=False)
 
 
-# SPECDEC_PDL_WEIGHTS_FIRST=1: the skinny products (engine/triton_linear.py, the fused QKV kernel) read
-# one tile of W, their K range's last, before they wait, overlapping the previous kernel's tail; the
-# weights are constant, so what is read is the same, the wait still precedes every other load or
-# store, and the tile's product is added last, where the loop would add it: the same bits.
-WEIGHTS_FIRST = os.environ.get("SPECDEC_PDL_WEIGHTS_FIRST", "0") == "1"
-
-
-def weights_first(device: torch.device) -> bool:
-    """Whether the skinny products read their last tile of W apart, before the PDL wait where PDL is
-    on (elsewhere only the last K step taken out of the loop: the CPU tests run that path)."""
-    return WEIGHTS_FIRST
-
-
 def launch_options(device: torch.device) -> dict[str, bool]:
     if ENABLED and device.type == "cuda" and _supported(device.index or 0):
         return {"USE_PDL": True, "launch_pdl": True}

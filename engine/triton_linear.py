@@ -96,34 +96,18 @@ def _int8_launch_config(n: int, k: int) -> LaunchConfig:
 @triton.jit
 def strip_product(x_ptr, w_ptr, rows, w_rows, row_ok, col_ok, K, stride_xm, stride_wn, k_first, k_per_split,
                   HAS_SCALE: tl.constexpr, EVEN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                  BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr, USE_PDL: tl.constexpr,
-                  WEIGHTS_FIRST: tl.constexpr):
+                  BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """float32 [BLOCK_M, BLOCK_N]: x's `rows` times W's rows `w_rows` (any BLOCK_N of them, each
     contiguous along K) over the K range from `k_first`, streamed through the software pipeline.
-    `EVEN`: no masks (every W row exists, K a multiple of BLOCK_K). `USE_PDL`: waits for the previous
-    kernel first (engine/pdl.py), after reading the last tile of W with `WEIGHTS_FIRST`. The fused
-    QKV-rotary kernel's loop (engine/triton_rope.py); _skinny_linear_kernel keeps its own copy of these
-    lines: called from there, this changed its machine code (PTX), which the H200 figures were measured without."""
+    `EVEN`: no masks (every W row exists, K a multiple of BLOCK_K). The fused QKV-rotary kernel's
+    loop (engine/triton_rope.py); _skinny_linear_kernel keeps its own copy of these lines: called
+    from there, this changed its machine code (PTX), which the H200 figures were measured without."""
     offs_k = tl.arange(0, BLOCK_K)
     dtype = x_ptr.dtype.element_ty
     x_rows = x_ptr + rows[:, None].to(tl.int64) * stride_xm
     w_cols = w_ptr + w_rows[:, None].to(tl.int64) * stride_wn
-    k_end = tl.minimum(K, k_first + k_per_split)
-    k_loop_end = k_end
-    if WEIGHTS_FIRST:  # the range's last tile of W (no kernel writes W) read before the wait
-        k_loop_end = k_first + tl.maximum(tl.cdiv(k_end - k_first, BLOCK_K) - 1, 0) * BLOCK_K
-        k_last = k_loop_end + offs_k
-        if EVEN:
-            w_last = tl.load(w_cols + k_last[None, :])
-        else:
-            w_last = tl.load(w_cols + k_last[None, :], mask=col_ok[:, None] & (k_last < K)[None, :], other=0.0)
-    if USE_PDL:
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    if WEIGHTS_FIRST:
-        a_last = tl.load(x_rows + k_last[None, :], mask=row_ok[:, None] & (k_last < K)[None, :], other=0.0)
-    for k0 in range(k_first, k_loop_end, BLOCK_K):
+    for k0 in range(k_first, tl.minimum(K, k_first + k_per_split), BLOCK_K):
         k = k0 + offs_k
         k_ok = k < K
         if EVEN:
@@ -134,10 +118,6 @@ def strip_product(x_ptr, w_ptr, rows, w_rows, row_ok, col_ok, K, stride_xm, stri
             w = w.to(dtype)
         a = tl.load(x_rows + k[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
         acc += tl.dot(a, tl.trans(w), input_precision=DOT_PRECISION)
-    if WEIGHTS_FIRST:  # the last K step, in its place in the order
-        if HAS_SCALE:
-            w_last = w_last.to(dtype)
-        acc += tl.dot(a_last, tl.trans(w_last), input_precision=DOT_PRECISION)
     return acc
 
 
@@ -157,8 +137,10 @@ def _skinny_linear_kernel(
     BLOCK_K: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     USE_PDL: tl.constexpr,
-    WEIGHTS_FIRST: tl.constexpr,
 ):
+    if USE_PDL:  # engine/pdl.py: wait for the previous kernel before any load or store
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
@@ -167,23 +149,9 @@ def _skinny_linear_kernel(
     dtype = x_ptr.dtype.element_ty
     x_rows = x_ptr + rows[:, None].to(tl.int64) * stride_xm
     w_cols = w_ptr + cols[:, None].to(tl.int64) * stride_wn
-    k_first = tl.program_id(2) * k_per_split  # this program's K range (all of K without a split)
-    k_end = tl.minimum(K, k_first + k_per_split)
-    k_loop_end = k_end
-    if WEIGHTS_FIRST:  # engine/pdl.py: the range's last tile of W (no kernel writes W) read before the wait
-        k_loop_end = k_first + tl.maximum(tl.cdiv(k_end - k_first, BLOCK_K) - 1, 0) * BLOCK_K
-        k_last = k_loop_end + offs_k
-        if EVEN_K and EVEN_N and SPLIT_K == 1:  # (a split's last range may hold no K at all)
-            w_last = tl.load(w_cols + k_last[None, :])
-        else:
-            w_last = tl.load(w_cols + k_last[None, :], mask=col_ok[:, None] & (k_last < K)[None, :], other=0.0)
-    if USE_PDL:  # engine/pdl.py: wait for the previous kernel before any other load or store
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    if WEIGHTS_FIRST:
-        a_last = tl.load(x_rows + k_last[None, :], mask=row_ok[:, None] & (k_last < K)[None, :], other=0.0)
-    for k0 in range(k_first, k_loop_end, BLOCK_K):
+    k_first = tl.program_id(2) * k_per_split  # this program's K range (all of K without a split)
+    for k0 in range(k_first, tl.minimum(K, k_first + k_per_split), BLOCK_K):
         k = k0 + offs_k
         k_ok = k < K
         if EVEN_K and EVEN_N:
@@ -194,10 +162,6 @@ def _skinny_linear_kernel(
             w = w.to(dtype)
         a = tl.load(x_rows + k[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
         acc += tl.dot(a, tl.trans(w), input_precision=DOT_PRECISION)
-    if WEIGHTS_FIRST:  # the last K step, in its place in the order
-        if HAS_SCALE:
-            w_last = w_last.to(dtype)
-        acc += tl.dot(a_last, tl.trans(w_last), input_precision=DOT_PRECISION)
     if SPLIT_K > 1:  # the partial sums to the workspace; the strip's last program adds them, in K order
         tile_mask = row_ok[:, None] & col_ok[None, :]
         parts = part_ptr + rows[:, None].to(tl.int64) * N + cols[None, :]
@@ -294,8 +258,7 @@ def skinny_linear(
         BLOCK_M=BLOCK_M, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         # float32 models stay exact float32 (no TF32)
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
-        num_warps=config.num_warps, num_stages=config.num_stages,
-        WEIGHTS_FIRST=pdl.weights_first(x.device), **pdl.launch_options(x.device),
+        num_warps=config.num_warps, num_stages=config.num_stages, **pdl.launch_options(x.device),
     )
     return out
 

@@ -132,8 +132,11 @@ def _qkv_rope_write_kv_kernel(
     NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, EVEN_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    USE_PDL: tl.constexpr, WEIGHTS_FIRST: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
+    if USE_PDL:  # engine/pdl.py
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     HALF: tl.constexpr = HEAD_DIM // 2
     PAIRS: tl.constexpr = BLOCK_N // 2
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -145,9 +148,8 @@ def _qkv_rope_write_kv_kernel(
     rotated = head < NUM_HEADS + NUM_KV_HEADS
     pair = offset // 2 + j // 2  # a rotated strip: columns (p, p + HALF) side by side
     w_rows = tl.where(rotated, head * HEAD_DIM + pair + (j % 2) * HALF, col0 + j)
-    # (index arithmetic only above: the product waits for the previous kernel, engine/pdl.py)
     acc = strip_product(x_ptr, w_ptr, rows, w_rows, row_ok, j < BLOCK_N, K, stride_xm, stride_wn, 0, K,
-                        HAS_SCALE, EVEN_K, BLOCK_M, BLOCK_N, BLOCK_K, DOT_PRECISION, USE_PDL, WEIGHTS_FIRST)
+                        HAS_SCALE, EVEN_K, BLOCK_M, BLOCK_N, BLOCK_K, DOT_PRECISION)
     if HAS_SCALE:
         acc *= tl.load(scale_ptr + w_rows).to(tl.float32)[None, :]
     if HAS_BIAS:
@@ -229,7 +231,6 @@ def qkv_rope_and_write_kv(
         HAS_BIAS=bias is not None, HAS_SCALE=scale is not None, EVEN_K=hidden % config.block_k == 0,
         BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_K=config.block_k,
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
-        num_warps=config.num_warps, num_stages=config.num_stages,
-        WEIGHTS_FIRST=pdl.weights_first(x.device), **pdl.launch_options(x.device),
+        num_warps=config.num_warps, num_stages=config.num_stages, **pdl.launch_options(x.device),
     )
     return q

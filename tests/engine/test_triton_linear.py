@@ -100,23 +100,6 @@ def test_each_row_is_computed_as_if_alone(fusion, config):
     assert torch.equal(together[2:3], alone)
 
 
-@pytest.mark.parametrize("int8", [False, True])
-@pytest.mark.parametrize("config", [SMALL, SPLIT], ids=["whole_k", "split_k"])
-def test_reading_the_last_tile_of_w_apart_gives_the_same_bits(config, int8, monkeypatch):
-    """engine/pdl.WEIGHTS_FIRST: the last K step of each range taken out of the loop (its W tile read
-    before the PDL wait on a GPU) adds the same products in the same order; SPLIT's last range is empty
-    at K = 64 (nothing read), at K = 80 partial."""
-    from engine import pdl
-
-    for k in (64, 80):
-        args = _inputs(5, 40, k, "silu_mul", True, True, torch.float32)
-        args = _int8(args) if int8 else args
-        monkeypatch.setattr(pdl, "WEIGHTS_FIRST", False)
-        in_the_loop = skinny_linear(**args, config=config)
-        monkeypatch.setattr(pdl, "WEIGHTS_FIRST", True)
-        assert torch.equal(skinny_linear(**args, config=config), in_the_loop)
-
-
 def test_mismatched_shapes_are_refused_before_launch():
     args = _inputs(2, 32, 64, "none", False, False, torch.float32)
     with pytest.raises(AssertionError, match="x .* vs weight"):

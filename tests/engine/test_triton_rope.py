@@ -84,12 +84,8 @@ def _caches(shape: ModelShape, dtype: torch.dtype):
 @pytest.mark.parametrize(("shape", "hidden"), FUSED_SHAPES)
 @pytest.mark.parametrize("num_tokens", [1, 5, 17])
 @pytest.mark.parametrize(("bias", "int8"), [(False, False), (True, False), (False, True)])
-@pytest.mark.parametrize("weights_first", [False, True], ids=["w_in_loop", "w_first"])
 def test_the_qkv_product_with_rotary_in_its_epilogue_equals_the_product_then_the_rope_kernel(
-        shape, hidden, num_tokens, bias, int8, weights_first, monkeypatch):
-    from engine import pdl
-
-    monkeypatch.setattr(pdl, "WEIGHTS_FIRST", weights_first)  # both kernels read W's last tile apart, or neither
+        shape, hidden, num_tokens, bias, int8):
     dtype = torch.bfloat16 if DEVICE == "cuda" else torch.float32
     x, weight, b, scale, tables, slots = _fused_inputs(shape, hidden, num_tokens, dtype, bias, int8)
     k_fused, v_fused = _caches(shape, dtype)
