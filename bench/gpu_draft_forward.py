@@ -19,10 +19,6 @@ draft's captured loop at batch 1 and 8 (host sync included). The levers:
   * attnN   attention's key ranges a tile at most (engine/triton_attention.MAX_FILL_SPLITS, default 16):
             `attn1` never splits, so no combine kernel runs (a draft's attention is not batch-invariant,
             so its split is free to choose); with a short --prompt, A/Bs the combine's cost
-  * latekv  attention reads every key after its PDL wait (engine/triton_attention.EARLY_KV off)
-Timing bounds, not levers (their outputs are wrong): `skipnorm` replaces the fused steps' RMS norms
-by the identity (no kernel), `skipattn` attention and its combine by the queries: what a forward
-would save if those kernels cost nothing on its critical path.
 For the first and the last variant, a kernel census of one decode replay (torch.profiler): kernels,
 the sum of their durations against the replay's time (the rest is gaps between kernels), and the
 costliest. Also whether each variant's decode logits pick the same top token as
@@ -79,9 +75,6 @@ def settings(name: str) -> dict:
         "reference_step": "refstep" in parts,
         "full_pick": "fullpick" in parts,
         "attention_splits": attention_splits,
-        "early_kv": "latekv" not in parts,
-        "skip_norm": "skipnorm" in parts,
-        "skip_attention": "skipattn" in parts,
     }
 
 
@@ -91,7 +84,6 @@ def build(hf, setting: dict) -> ModelRunner:
     triton_linear.SPLIT_K, triton_linear.SPLIT_K_MIN_K = setting["split_k"], setting["split_k_min_k"]
     model_runner.CUDA_MIN_INT8_OUT_FEATURES = setting["min_int8_out"]
     triton_attention.MAX_FILL_SPLITS = setting["attention_splits"]  # read at each launch, so at capture
-    triton_attention.EARLY_KV = setting["early_kv"]
     full_head = hf.lm_head
     if setting["head_rows"]:  # a fresh one: quantizing replaces the head's own rows
         hf.lm_head = SubsetLMHead(full_head.weight, torch.arange(setting["head_rows"]))
@@ -110,18 +102,6 @@ def build(hf, setting: dict) -> ModelRunner:
 
 
 def measure(hf, setting: dict, census: bool, prompt: int) -> tuple[dict[str, float], torch.Tensor, dict]:
-    norm, attention_backend = fused_stages.rms_norm_triton, model_runner._attention_backend
-    if setting["skip_norm"]:  # timing bounds (the module doc), read as graphs are captured
-        fused_stages.rms_norm_triton = lambda hidden, weight, eps: hidden
-    if setting["skip_attention"]:
-        model_runner._attention_backend = lambda *args: lambda q, k_cache, v_cache, batch, scale: q
-    try:
-        return _measure(hf, setting, census, prompt)
-    finally:
-        fused_stages.rms_norm_triton, model_runner._attention_backend = norm, attention_backend
-
-
-def _measure(hf, setting: dict, census: bool, prompt: int) -> tuple[dict[str, float], torch.Tensor, dict]:
     runner = build(hf, setting)
     gen = torch.Generator().manual_seed(0)
     seqs = prefilled_sequences(runner, gen, 8, prompt)

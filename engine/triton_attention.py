@@ -31,37 +31,6 @@ from engine.batch import ForwardBatch
 
 
 @triton.jit
-def _attend(q, k_t, v, k_pos, q_pos, row_valid, m_i, l_i, acc, scale, DOT_PRECISION: tl.constexpr):
-    """The online softmax's step over one tile of keys `k_t` [BLOCK_D, BLOCK_N] and values `v`."""
-    s = tl.dot(q, k_t, input_precision=DOT_PRECISION) * scale  # [BLOCK_M, BLOCK_N]
-    s = tl.where((k_pos[None, :] <= q_pos[:, None]) & row_valid[:, None], s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, axis=1))
-    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing visible yet
-    p = tl.exp(s - m_safe[:, None])
-    alpha = tl.exp(m_i - m_safe)
-    l_i = l_i * alpha + tl.sum(p, axis=1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-    return m_new, l_i, acc
-
-
-@triton.jit
-def _end_range(start, split_len, k_end, m_i, l_i, acc, part_out_ptr, part_lse_ptr, q_start, q_idx, head, d,
-               row_valid, row_d_valid, stride_ps, stride_pt, stride_ph, BLOCK_N: tl.constexpr):
-    """Where a range ends at this tile: its partial result and log-sum-exp stored (-inf: no key visible;
-    `combine_splits` merges them), and the next started from nothing, as if a fresh program."""
-    range_done = ((start + BLOCK_N) % split_len == 0) | (start + BLOCK_N >= k_end)
-    part = (start // split_len) * stride_ps + (q_start + q_idx) * stride_pt + head * stride_ph
-    tl.store(part_out_ptr + part[:, None] + d[None, :], acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None],
-             mask=tl.where(range_done, row_d_valid, False))
-    lse = tl.where(l_i == 0.0, float("-inf"), m_i + tl.log(tl.where(l_i == 0.0, 1.0, l_i)))
-    tl.store(part_lse_ptr + part // stride_ph, lse, mask=tl.where(range_done, row_valid, False))
-    m_i = tl.where(range_done, float("-inf"), m_i)
-    l_i = tl.where(range_done, 0.0, l_i)
-    acc = tl.where(range_done, 0.0, acc)
-    return m_i, l_i, acc
-
-
-@triton.jit
 def _paged_attention_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, part_out_ptr, part_lse_ptr,
     block_tables_ptr, cu_seqlens_q_ptr, context_lens_ptr,
@@ -83,79 +52,48 @@ def _paged_attention_kernel(
     DOT_PRECISION: tl.constexpr,
     PROGRAMS: tl.constexpr,  # programs per (sequence, head, query tile), each a run of its key ranges
     DIRECT: tl.constexpr,  # one key range is all there can be: write the output, not a partial
-    EARLY_KV: tl.constexpr,  # the first tile's earlier keys and values read before the PDL wait (EARLY_KV)
     USE_PDL: tl.constexpr,
 ):
-    # the step's metadata (block tables, lengths) is written before the previous kernel ran (engine/pdl.py)
+    if USE_PDL:  # engine/pdl.py
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     q_tile = tl.program_id(2) // PROGRAMS
     run = tl.program_id(2) % PROGRAMS
     q_start = tl.load(cu_seqlens_q_ptr + seq)
     num_q = tl.load(cu_seqlens_q_ptr + seq + 1) - q_start
-    context_len = tl.load(context_lens_ptr + seq)
-    active = q_tile * BLOCK_Q < num_q
-    rows = tl.arange(0, BLOCK_M)
-    q_idx = q_tile * BLOCK_Q + rows // GROUP  # query token within the sequence
-    head = kv_head * GROUP + rows % GROUP
-    row_valid = (rows < BLOCK_Q * GROUP) & (q_idx < num_q)
-    q_pos = context_len - num_q + q_idx  # absolute position of each row's query
-    d = tl.arange(0, BLOCK_D)
-    d_valid = d < HEAD_DIM
-    # keys past this tile's last query are masked anyway: do not read them
-    last_q = tl.minimum((q_tile + 1) * BLOCK_Q, num_q) - 1
-    num_keys = context_len - num_q + last_q + 1
-    offs = tl.arange(0, BLOCK_N)
-    row_d_valid = row_valid[:, None] & d_valid[None, :]
-    if SPLIT_LEN > 0:  # fixed ranges: the same for this token in any step
-        split_len = SPLIT_LEN
-    else:  # one range per program, as many as fill the GPU: depends on the batch
-        split_len = tl.cdiv(tl.cdiv(num_keys, PROGRAMS), BLOCK_N) * BLOCK_N
-    # this program's share of the tile's key ranges: a contiguous run, in one pipelined loop
-    num_ranges = tl.cdiv(num_keys, split_len)
-    per_program = tl.cdiv(num_ranges, PROGRAMS)
-    k_begin = run * per_program * split_len
-    k_end = tl.minimum(num_keys, k_begin + per_program * split_len)
-    if EARLY_KV:  # the keys of earlier forwards (not the step's own, which the previous kernel writes)
-        first_pos = k_begin + offs
-        first_end = tl.where(active, k_end, 0)  # (an idle program reads nothing)
-        first_ids = tl.load(block_tables_ptr + seq * stride_bt + first_pos // BLOCK_SIZE, mask=first_pos < first_end,
-                            other=0)
-        earlier_end = tl.minimum(first_end, context_len - num_q)  # the step's own keys from here
-        earlier = first_pos < earlier_end
-        first_k = tl.load(k_cache_ptr + (first_ids.to(tl.int64) * stride_kb + (first_pos % BLOCK_SIZE) * stride_ks +
-                                         kv_head * stride_kh)[None, :] + d[:, None],
-                          mask=earlier[None, :] & d_valid[:, None], other=0.0)
-        first_v = tl.load(v_cache_ptr + (first_ids.to(tl.int64) * stride_vb + (first_pos % BLOCK_SIZE) * stride_vs +
-                                         kv_head * stride_vh)[:, None] + d[None, :],
-                          mask=earlier[:, None] & d_valid[None, :], other=0.0)
-    if USE_PDL:  # engine/pdl.py
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
-    if active:
-        q = tl.load(q_ptr + (q_start + q_idx)[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
-                    mask=row_d_valid, other=0.0)
+    if q_tile * BLOCK_Q < num_q:
+        context_len = tl.load(context_lens_ptr + seq)
+        rows = tl.arange(0, BLOCK_M)
+        q_idx = q_tile * BLOCK_Q + rows // GROUP  # query token within the sequence
+        head = kv_head * GROUP + rows % GROUP
+        row_valid = (rows < BLOCK_Q * GROUP) & (q_idx < num_q)
+        q_pos = context_len - num_q + q_idx  # absolute position of each row's query
+        d = tl.arange(0, BLOCK_D)
+        d_valid = d < HEAD_DIM
+        q = tl.load(
+            q_ptr + (q_start + q_idx)[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
+            mask=row_valid[:, None] & d_valid[None, :], other=0.0,
+        )
+        # keys past this tile's last query are masked anyway: do not read them
+        last_q = tl.minimum((q_tile + 1) * BLOCK_Q, num_q) - 1
+        num_keys = context_len - num_q + last_q + 1
+        offs = tl.arange(0, BLOCK_N)
+        row_d_valid = row_valid[:, None] & d_valid[None, :]
+        if SPLIT_LEN > 0:  # fixed ranges: the same for this token in any step
+            split_len = SPLIT_LEN
+        else:  # one range per program, as many as fill the GPU: depends on the batch
+            split_len = tl.cdiv(tl.cdiv(num_keys, PROGRAMS), BLOCK_N) * BLOCK_N
+        # this program's share of the tile's key ranges: a contiguous run, in one pipelined loop
+        num_ranges = tl.cdiv(num_keys, split_len)
+        per_program = tl.cdiv(num_ranges, PROGRAMS)
+        k_begin = run * per_program * split_len
+        k_end = tl.minimum(num_keys, k_begin + per_program * split_len)
         m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
         acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-        loop_begin = k_begin
-        if EARLY_KV:  # the first tile: the keys read early, the step's own read now
-            if k_begin < k_end:
-                kv_valid = (first_pos < k_end)[None, :] & d_valid[:, None]
-                own = kv_valid & (first_pos >= earlier_end)[None, :]
-                k_slot = first_ids.to(tl.int64) * stride_kb + (first_pos % BLOCK_SIZE) * stride_ks + kv_head * stride_kh
-                k_t = tl.load(k_cache_ptr + k_slot[None, :] + d[:, None], mask=own, other=0.0)
-                k_t = tl.where(earlier[None, :], first_k, k_t)
-                v_slot = first_ids.to(tl.int64) * stride_vb + (first_pos % BLOCK_SIZE) * stride_vs + kv_head * stride_vh
-                v = tl.load(v_cache_ptr + v_slot[:, None] + d[None, :], mask=tl.trans(own), other=0.0)
-                v = tl.where(earlier[:, None], first_v, v)
-                m_i, l_i, acc = _attend(q, k_t, v, first_pos, q_pos, row_valid, m_i, l_i, acc, scale, DOT_PRECISION)
-                if not DIRECT:
-                    m_i, l_i, acc = _end_range(k_begin, split_len, k_end, m_i, l_i, acc, part_out_ptr, part_lse_ptr,
-                                               q_start, q_idx, head, d, row_valid, row_d_valid, stride_ps, stride_pt,
-                                               stride_ph, BLOCK_N)
-            loop_begin += BLOCK_N
-        for start in range(loop_begin, k_end, BLOCK_N):
+        for start in range(k_begin, k_end, BLOCK_N):
             # BLOCK_N keys span several pages: gather each key's page from the block table
             k_pos = start + offs
             pos_valid = k_pos < k_end
@@ -163,13 +101,29 @@ def _paged_attention_kernel(
             slot = block_ids.to(tl.int64) * stride_kb + (k_pos % BLOCK_SIZE) * stride_ks + kv_head * stride_kh
             kv_valid = pos_valid[None, :] & d_valid[:, None]
             k_t = tl.load(k_cache_ptr + slot[None, :] + d[:, None], mask=kv_valid, other=0.0)  # [BLOCK_D, BLOCK_N]
+            s = tl.dot(q, k_t, input_precision=DOT_PRECISION) * scale  # [BLOCK_M, BLOCK_N]
+            s = tl.where((k_pos[None, :] <= q_pos[:, None]) & row_valid[:, None], s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing visible yet
+            p = tl.exp(s - m_safe[:, None])
+            alpha = tl.exp(m_i - m_safe)
             v_slot = block_ids.to(tl.int64) * stride_vb + (k_pos % BLOCK_SIZE) * stride_vs + kv_head * stride_vh
             v = tl.load(v_cache_ptr + v_slot[:, None] + d[None, :], mask=tl.trans(kv_valid), other=0.0)
-            m_i, l_i, acc = _attend(q, k_t, v, k_pos, q_pos, row_valid, m_i, l_i, acc, scale, DOT_PRECISION)
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+            m_i = m_new
             if not DIRECT:
-                m_i, l_i, acc = _end_range(start, split_len, k_end, m_i, l_i, acc, part_out_ptr, part_lse_ptr,
-                                           q_start, q_idx, head, d, row_valid, row_d_valid, stride_ps, stride_pt,
-                                           stride_ph, BLOCK_N)
+                # a range ends here: store its partial result and log-sum-exp (-inf: no key visible;
+                # `combine_splits` merges them), and start the next from nothing, as if a fresh program
+                range_done = ((start + BLOCK_N) % split_len == 0) | (start + BLOCK_N >= k_end)
+                part = (start // split_len) * stride_ps + (q_start + q_idx) * stride_pt + head * stride_ph
+                tl.store(part_out_ptr + part[:, None] + d[None, :], acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None],
+                         mask=tl.where(range_done, row_d_valid, False))
+                lse = tl.where(l_i == 0.0, float("-inf"), m_i + tl.log(tl.where(l_i == 0.0, 1.0, l_i)))
+                tl.store(part_lse_ptr + part // stride_ph, lse, mask=tl.where(range_done, row_valid, False))
+                m_i = tl.where(range_done, float("-inf"), m_i)
+                l_i = tl.where(range_done, 0.0, l_i)
+                acc = tl.where(range_done, 0.0, acc)
         if SPLIT_LEN == 0 and not DIRECT and run >= num_ranges:  # the combine reads every program's slot
             part = run * stride_ps + (q_start + q_idx) * stride_pt + head * stride_ph
             tl.store(part_lse_ptr + part // stride_ph, tl.full([BLOCK_M], float("-inf"), tl.float32), mask=row_valid)
@@ -186,12 +140,6 @@ MAX_SPLITS = 64  # ranges a context may have: bounds the partial buffers of a st
 # on the H200 with tiles by query count, tests/engine), and 8 costs a decode 2 us a layer.
 STEP_BLOCK_Q = 1
 MAX_FILL_SPLITS = 16  # with split_len None: ranges per tile at most
-# Steps (decode, verify: at most EARLY_KV_MAX_Q queries a sequence) read their first tile's keys and
-# values of earlier forwards, and the metadata, before the PDL wait (engine/pdl.py): only the step's
-# own keys, which the previous kernel (the rotary + cache write) stores, and the queries wait for it.
-# The same values are read, so the same bits. Read at each launch.
-EARLY_KV = True
-EARLY_KV_MAX_Q = 16
 COMBINE_BLOCK_S = 16  # ranges the combine loads at once (a fixed number: the sum's order must not vary)
 
 
@@ -258,7 +206,7 @@ def paged_attention_triton(
         BLOCK_SIZE=block_size, BLOCK_N=block_n, BLOCK_Q=block_q, BLOCK_M=block_m,
         # float32 models stay exact float32 (no TF32), so greedy output matches the reference
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        PROGRAMS=programs, DIRECT=max_splits == 1, EARLY_KV=EARLY_KV and batch.max_num_q <= EARLY_KV_MAX_Q,
+        PROGRAMS=programs, DIRECT=max_splits == 1,
         num_warps=num_warps, num_stages=num_stages, **pdl.launch_options(q.device),
     )
     return out if max_splits == 1 else combine_splits(part_out, part_lse, batch.positions, split_len or 0, out)

@@ -56,10 +56,9 @@ def main() -> None:
     attention = {n: BF16 for n in ("q_ptr", "k_cache_ptr", "v_cache_ptr", "out_ptr")} | \
         {"part_out_ptr": "*fp32", "part_lse_ptr": "*fp32", "block_tables_ptr": "*i32", "cu_seqlens_q_ptr": "*i32",
          "context_lens_ptr": "*i32"}
-    for early_kv in (False, True):
-        print(f"paged_attention early_kv={early_kv}:", compile_sm90(triton_attention._paged_attention_kernel, attention,
-              dict(SPLIT_LEN=128, GROUP=4, HEAD_DIM=64, BLOCK_D=64, BLOCK_SIZE=16, BLOCK_N=128, BLOCK_Q=1, BLOCK_M=16,
-                   DOT_PRECISION="tf32", PROGRAMS=4, DIRECT=False, EARLY_KV=early_kv, USE_PDL=True)))
+    print("paged_attention:", compile_sm90(triton_attention._paged_attention_kernel, attention, dict(
+        SPLIT_LEN=128, GROUP=4, HEAD_DIM=64, BLOCK_D=64, BLOCK_SIZE=16, BLOCK_N=128, BLOCK_Q=1, BLOCK_M=16,
+        DOT_PRECISION="tf32", PROGRAMS=4, DIRECT=False, USE_PDL=True)))
     step = {"token_ptr": "*i64", "base_ptr": "*i64", "tables_ptr": "*i32", "ids_ptr": "*i64", "positions_ptr": "*i64",
             "slots_ptr": "*i64", "context_ptr": "*i32"}
     print("draft_step:", compile_sm90(triton_draft_step._advance_kernel, step, dict(BLOCK_SIZE=16, BLOCK_B=8, USE_PDL=True)))

@@ -58,29 +58,6 @@ def test_kernel_matches_reference_fp32(num_heads, num_kv_heads, head_dim, block_
     torch.testing.assert_close(actual, expected, atol=1e-5, rtol=1e-5)
 
 
-# steps only (decode and verify): their first tile's earlier keys are read before the PDL wait
-STEPS = [(1, 37), (5, 21), (3, 32), (1, 1), (5, 70), (2, 16)]
-
-
-@pytest.mark.parametrize(("split_len", "programs_per_tile"), [(16, 1), (32, 2), (1024, 1), (None, 3)])
-def test_reading_the_earlier_keys_before_the_wait_gives_the_same_bits(split_len, programs_per_tile, monkeypatch):
-    """engine/triton_attention.EARLY_KV: a program's first tile gathered in two parts (keys of earlier
-    forwards first, the step's own after the wait) holds the same keys; the step's own keys fall in a
-    program's first tile (contexts of one tile) and past it (70 keys)."""
-    from engine import triton_attention
-
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    q, k_cache, v_cache, batch = _batch_and_inputs(6, 2, 64, 16, device, torch.float32, STEPS)
-    outputs = []
-    for early in (False, True):
-        monkeypatch.setattr(triton_attention, "EARLY_KV", early)
-        outputs.append(paged_attention_triton(q, k_cache, v_cache, batch, 64**-0.5, block_n=16, split_len=split_len,
-                                              programs_per_tile=programs_per_tile))
-    assert torch.equal(outputs[0], outputs[1])
-    torch.testing.assert_close(outputs[1], paged_attention_reference(q, k_cache, v_cache, batch, 64**-0.5),
-                               atol=1e-5, rtol=1e-5)
-
-
 def test_a_decode_token_gets_the_same_bits_in_any_batch():
     """Key ranges are fixed by position, so neither the batch around a sequence (here a longer
     neighbour widens the block table, so more ranges could exist) nor the programs sharing its ranges
