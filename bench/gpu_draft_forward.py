@@ -19,6 +19,11 @@ draft's captured loop at batch 1 and 8 (host sync included). The levers:
   * attnN   attention's key ranges a tile at most (engine/triton_attention.MAX_FILL_SPLITS, default 16):
             `attn1` never splits, so no combine kernel runs (a draft's attention is not batch-invariant,
             so its split is free to choose); with a short --prompt, A/Bs the combine's cost
+  * late    the products, attention and its combine trigger their dependents' launch after their
+            main loop, not at their start (engine/pdl.LATE_TRIGGER)
+Timing bounds, not levers (their outputs are wrong): `skipnorm` replaces the fused steps' RMS norms
+by the identity (no kernel), `skipattn` attention and its combine by the queries: what a forward
+would save if those kernels cost nothing on its critical path.
 For the first and the last variant, a kernel census of one decode replay (torch.profiler): kernels,
 the sum of their durations against the replay's time (the rest is gaps between kernels), and the
 costliest. Also whether each variant's decode logits pick the same top token as
@@ -75,11 +80,14 @@ def settings(name: str) -> dict:
         "reference_step": "refstep" in parts,
         "full_pick": "fullpick" in parts,
         "attention_splits": attention_splits,
+        "late_trigger": "late" in parts,
+        "skip_norm": "skipnorm" in parts,
+        "skip_attention": "skipattn" in parts,
     }
 
 
 def build(hf, setting: dict) -> ModelRunner:
-    pdl.ENABLED = setting["pdl"]
+    pdl.ENABLED, pdl.LATE_TRIGGER = setting["pdl"], setting["late_trigger"]
     fused_stages.QKV_ROPE = setting["qkv_rope"]
     triton_linear.SPLIT_K, triton_linear.SPLIT_K_MIN_K = setting["split_k"], setting["split_k_min_k"]
     model_runner.CUDA_MIN_INT8_OUT_FEATURES = setting["min_int8_out"]
@@ -102,6 +110,18 @@ def build(hf, setting: dict) -> ModelRunner:
 
 
 def measure(hf, setting: dict, census: bool, prompt: int) -> tuple[dict[str, float], torch.Tensor, dict]:
+    norm, attention_backend = fused_stages.rms_norm_triton, model_runner._attention_backend
+    if setting["skip_norm"]:  # timing bounds (the module doc), read as graphs are captured
+        fused_stages.rms_norm_triton = lambda hidden, weight, eps: hidden
+    if setting["skip_attention"]:
+        model_runner._attention_backend = lambda *args: lambda q, k_cache, v_cache, batch, scale: q
+    try:
+        return _measure(hf, setting, census, prompt)
+    finally:
+        fused_stages.rms_norm_triton, model_runner._attention_backend = norm, attention_backend
+
+
+def _measure(hf, setting: dict, census: bool, prompt: int) -> tuple[dict[str, float], torch.Tensor, dict]:
     runner = build(hf, setting)
     gen = torch.Generator().manual_seed(0)
     seqs = prefilled_sequences(runner, gen, 8, prompt)
