@@ -19,8 +19,6 @@ draft's captured loop at batch 1 and 8 (host sync included). The levers:
   * attnN   attention's key ranges a tile at most (engine/triton_attention.MAX_FILL_SPLITS, default 16):
             `attn1` never splits, so no combine kernel runs (a draft's attention is not batch-invariant,
             so its split is free to choose); with a short --prompt, A/Bs the combine's cost
-  * late    the products, attention and its combine trigger their dependents' launch after their
-            main loop, not at their start (engine/pdl.LATE_TRIGGER)
 Timing bounds, not levers (their outputs are wrong): `skipnorm` replaces the fused steps' RMS norms
 by the identity (no kernel), `skipattn` attention and its combine by the queries: what a forward
 would save if those kernels cost nothing on its critical path.
@@ -80,14 +78,13 @@ def settings(name: str) -> dict:
         "reference_step": "refstep" in parts,
         "full_pick": "fullpick" in parts,
         "attention_splits": attention_splits,
-        "late_trigger": "late" in parts,
         "skip_norm": "skipnorm" in parts,
         "skip_attention": "skipattn" in parts,
     }
 
 
 def build(hf, setting: dict) -> ModelRunner:
-    pdl.ENABLED, pdl.LATE_TRIGGER = setting["pdl"], setting["late_trigger"]
+    pdl.ENABLED = setting["pdl"]
     fused_stages.QKV_ROPE = setting["qkv_rope"]
     triton_linear.SPLIT_K, triton_linear.SPLIT_K_MIN_K = setting["split_k"], setting["split_k_min_k"]
     model_runner.CUDA_MIN_INT8_OUT_FEATURES = setting["min_int8_out"]

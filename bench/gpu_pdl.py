@@ -1,7 +1,6 @@
 """H200 A/B of a switch of the fused layer kernels' graph steps: programmatic dependent launch
 (engine/pdl.py, the default `--lever pdl`) or the QKV product with rotary in its epilogue
-(`--lever qkv_rope`, engine/fused_stages.QKV_ROPE) or the kernels triggering their dependents' launch
-after their main loop (`--lever late_trigger`, engine/pdl.LATE_TRIGGER; PDL on both ways); random-weight Llama-3.1-8B (target) and
+(`--lever qkv_rope`, engine/fused_stages.QKV_ROPE); random-weight Llama-3.1-8B (target) and
 Llama-3.2-1B (draft) shapes, bf16, prompt 512. (A third lever, the attention's combine inside its
 kernel, measured slower and was dropped: bench/results/gpu_fused_combine.json, docs/benchmarks.md.)
 
@@ -10,7 +9,7 @@ the device time of a batch-1 decode replay (q = 1) and verify replay (q = 5), th
 k = 4 greedy proposal through the draft's captured loop (1B, host sync included), and whether the
 logits of a decode and a verify are the same bits either way (and their largest difference).
 Writes bench/results/gpu_LEVER.json.
-Usage: python bench/gpu_pdl.py [--lever pdl|qkv_rope|late_trigger] [--out PATH]
+Usage: python bench/gpu_pdl.py [--lever pdl|qkv_rope] [--out PATH]
 """
 from __future__ import annotations
 
@@ -38,8 +37,7 @@ from tiny_models import build_tokenizer  # noqa: E402
 
 PROMPT = 512
 SHAPES = {"8b": (LLAMA_8B, "fused"), "1b": (LLAMA_1B, "auto")}  # each service's default layer kernels
-# read when a runner's graphs are captured; `late_trigger` with PDL on in both arms
-LEVERS = {"pdl": (pdl, "ENABLED"), "qkv_rope": (fused_stages, "QKV_ROPE"), "late_trigger": (pdl, "LATE_TRIGGER")}
+LEVERS = {"pdl": (pdl, "ENABLED"), "qkv_rope": (fused_stages, "QKV_ROPE")}  # read when a runner is built
 
 
 def measure(hf, name: str, layer_kernels: str) -> tuple[dict[str, float], list[torch.Tensor]]:
@@ -80,8 +78,6 @@ def main() -> None:
     args = parser.parse_args()
     out = args.out or ROOT / "bench" / "results" / f"gpu_{args.lever}.json"
     torch.manual_seed(0)
-    if args.lever == "late_trigger":
-        pdl.ENABLED = True
     metrics: dict[str, float] = {}
     for name, (shape, layer_kernels) in SHAPES.items():
         with torch.device("cuda"):

@@ -32,12 +32,6 @@ def from_env(default: bool) -> bool:
 ENABLED = from_env(default=False)
 
 
-# SPECDEC_PDL_LATE_TRIGGER=1: the products, attention and its combine let their dependents launch once
-# their main loop is done, not as soon as they start (their dependents' programs then wait beside the
-# running kernel's for less of it); where the trigger sits never changes what a kernel reads.
-LATE_TRIGGER = os.environ.get("SPECDEC_PDL_LATE_TRIGGER", "0") == "1"
-
-
 def launch_options(device: torch.device) -> dict[str, bool]:
     if ENABLED and device.type == "cuda" and _supported(device.index or 0):
         return {"USE_PDL": True, "launch_pdl": True}

@@ -53,12 +53,10 @@ def _paged_attention_kernel(
     PROGRAMS: tl.constexpr,  # programs per (sequence, head, query tile), each a run of its key ranges
     DIRECT: tl.constexpr,  # one key range is all there can be: write the output, not a partial
     USE_PDL: tl.constexpr,
-    LATE_TRIGGER: tl.constexpr,
 ):
     if USE_PDL:  # engine/pdl.py
         tl.extra.cuda.gdc_wait()
-        if not LATE_TRIGGER:
-            tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_launch_dependents()
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     q_tile = tl.program_id(2) // PROGRAMS
@@ -126,8 +124,6 @@ def _paged_attention_kernel(
                 m_i = tl.where(range_done, float("-inf"), m_i)
                 l_i = tl.where(range_done, 0.0, l_i)
                 acc = tl.where(range_done, 0.0, acc)
-        if USE_PDL and LATE_TRIGGER:  # engine/pdl.LATE_TRIGGER
-            tl.extra.cuda.gdc_launch_dependents()
         if SPLIT_LEN == 0 and not DIRECT and run >= num_ranges:  # the combine reads every program's slot
             part = run * stride_ps + (q_start + q_idx) * stride_pt + head * stride_ph
             tl.store(part_lse_ptr + part // stride_ph, tl.full([BLOCK_M], float("-inf"), tl.float32), mask=row_valid)
@@ -211,7 +207,7 @@ def paged_attention_triton(
         # float32 models stay exact float32 (no TF32), so greedy output matches the reference
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         PROGRAMS=programs, DIRECT=max_splits == 1,
-        num_warps=num_warps, num_stages=num_stages, LATE_TRIGGER=pdl.LATE_TRIGGER, **pdl.launch_options(q.device),
+        num_warps=num_warps, num_stages=num_stages, **pdl.launch_options(q.device),
     )
     return out if max_splits == 1 else combine_splits(part_out, part_lse, batch.positions, split_len or 0, out)
 
@@ -220,12 +216,11 @@ def paged_attention_triton(
 def _combine_splits_kernel(
     part_out_ptr, part_lse_ptr, positions_ptr, out_ptr, stride_ps, stride_pt, stride_ph, stride_ot, stride_oh,
     SPLIT_LEN: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, HEAD_DIM: tl.constexpr,
-    BLOCK_D: tl.constexpr, USE_PDL: tl.constexpr, LATE_TRIGGER: tl.constexpr,
+    BLOCK_D: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     if USE_PDL:  # engine/pdl.py
         tl.extra.cuda.gdc_wait()
-        if not LATE_TRIGGER:
-            tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_launch_dependents()
     # out = sum_s exp(lse_s - lse) * out_s / sum_s exp(lse_s - lse), lse = max_s lse_s, for one (token,
     # head), over the ranges up to the token's own position (the kernel wrote those; later slots may
     # be stale), BLOCK_S ranges at a time in range order
@@ -256,8 +251,6 @@ def _combine_splits_kernel(
         acc += tl.sum(weights[:, None] * parts, axis=0)
         total += tl.sum(weights, axis=0)
     out = acc / tl.maximum(total, 1e-30)
-    if USE_PDL and LATE_TRIGGER:  # engine/pdl.LATE_TRIGGER
-        tl.extra.cuda.gdc_launch_dependents()
     tl.store(out_ptr + token * stride_ot + head * stride_oh + d, out.to(out_ptr.dtype.element_ty), mask=d < HEAD_DIM)
 
 
@@ -275,7 +268,7 @@ def combine_splits(
         part_out, part_lse, positions, out, part_out.stride(0), part_out.stride(1), part_out.stride(2),
         out.stride(0), out.stride(1),
         SPLIT_LEN=split_len, NUM_SPLITS=splits, BLOCK_S=COMBINE_BLOCK_S, HEAD_DIM=head_dim,
-        BLOCK_D=triton.next_power_of_2(head_dim), LATE_TRIGGER=pdl.LATE_TRIGGER, **pdl.launch_options(out.device),
+        BLOCK_D=triton.next_power_of_2(head_dim), **pdl.launch_options(out.device),
     )
     return out
 

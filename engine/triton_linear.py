@@ -137,12 +137,10 @@ def _skinny_linear_kernel(
     BLOCK_K: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     USE_PDL: tl.constexpr,
-    LATE_TRIGGER: tl.constexpr,
 ):
     if USE_PDL:  # engine/pdl.py: wait for the previous kernel before any load or store
         tl.extra.cuda.gdc_wait()
-        if not LATE_TRIGGER:
-            tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_launch_dependents()
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
@@ -164,8 +162,6 @@ def _skinny_linear_kernel(
             w = w.to(dtype)
         a = tl.load(x_rows + k[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
         acc += tl.dot(a, tl.trans(w), input_precision=DOT_PRECISION)
-    if USE_PDL and LATE_TRIGGER:  # engine/pdl.LATE_TRIGGER
-        tl.extra.cuda.gdc_launch_dependents()
     if SPLIT_K > 1:  # the partial sums to the workspace; the strip's last program adds them, in K order
         tile_mask = row_ok[:, None] & col_ok[None, :]
         parts = part_ptr + rows[:, None].to(tl.int64) * N + cols[None, :]
@@ -262,8 +258,7 @@ def skinny_linear(
         BLOCK_M=BLOCK_M, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         # float32 models stay exact float32 (no TF32)
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
-        num_warps=config.num_warps, num_stages=config.num_stages, LATE_TRIGGER=pdl.LATE_TRIGGER,
-        **pdl.launch_options(x.device),
+        num_warps=config.num_warps, num_stages=config.num_stages, **pdl.launch_options(x.device),
     )
     return out
 

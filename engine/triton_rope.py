@@ -132,12 +132,11 @@ def _qkv_rope_write_kv_kernel(
     NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, EVEN_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    USE_PDL: tl.constexpr, LATE_TRIGGER: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
     if USE_PDL:  # engine/pdl.py
         tl.extra.cuda.gdc_wait()
-        if not LATE_TRIGGER:
-            tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_launch_dependents()
     HALF: tl.constexpr = HEAD_DIM // 2
     PAIRS: tl.constexpr = BLOCK_N // 2
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -151,8 +150,6 @@ def _qkv_rope_write_kv_kernel(
     w_rows = tl.where(rotated, head * HEAD_DIM + pair + (j % 2) * HALF, col0 + j)
     acc = strip_product(x_ptr, w_ptr, rows, w_rows, row_ok, j < BLOCK_N, K, stride_xm, stride_wn, 0, K,
                         HAS_SCALE, EVEN_K, BLOCK_M, BLOCK_N, BLOCK_K, DOT_PRECISION)
-    if USE_PDL and LATE_TRIGGER:  # engine/pdl.LATE_TRIGGER
-        tl.extra.cuda.gdc_launch_dependents()
     if HAS_SCALE:
         acc *= tl.load(scale_ptr + w_rows).to(tl.float32)[None, :]
     if HAS_BIAS:
@@ -234,7 +231,6 @@ def qkv_rope_and_write_kv(
         HAS_BIAS=bias is not None, HAS_SCALE=scale is not None, EVEN_K=hidden % config.block_k == 0,
         BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_K=config.block_k,
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
-        num_warps=config.num_warps, num_stages=config.num_stages, LATE_TRIGGER=pdl.LATE_TRIGGER,
-        **pdl.launch_options(x.device),
+        num_warps=config.num_warps, num_stages=config.num_stages, **pdl.launch_options(x.device),
     )
     return q

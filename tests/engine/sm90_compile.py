@@ -35,7 +35,7 @@ def main() -> None:
     for split, silu, int8 in ((1, False, False), (1, True, True), (4, False, False)):
         size = compile_sm90(triton_linear._skinny_linear_kernel, linear | ({"w_ptr": "*i8"} if int8 else {}), dict(
             SPLIT_K=split, SILU_MUL=silu, HAS_BIAS=False, HAS_RESIDUAL=not silu, HAS_SCALE=int8, EVEN_K=True,
-            EVEN_N=True, BLOCK_M=16, BLOCK_N=16, BLOCK_K=256, DOT_PRECISION="tf32", USE_PDL=True, LATE_TRIGGER=split > 1))
+            EVEN_N=True, BLOCK_M=16, BLOCK_N=16, BLOCK_K=256, DOT_PRECISION="tf32", USE_PDL=True))
         print(f"skinny_linear split={split} silu_mul={silu} int8={int8}: {size}")
     rope = {n: BF16 for n in ("qkv_ptr", "cos_ptr", "sin_ptr", "q_ptr", "k_cache_ptr", "v_cache_ptr")} | \
         {"slot_ptr": "*i64", "pos_ptr": "*i64"}
@@ -49,7 +49,7 @@ def main() -> None:
     for head_dim, block_n, int8 in ((64, 16, False), (128, 32, False), (64, 16, True)):
         size = compile_sm90(triton_rope._qkv_rope_write_kv_kernel, fused | ({"w_ptr": "*i8"} if int8 else {}), dict(
             NUM_HEADS=32, NUM_KV_HEADS=8, HEAD_DIM=head_dim, HAS_BIAS=True, HAS_SCALE=int8, EVEN_K=True, BLOCK_M=16,
-            BLOCK_N=block_n, BLOCK_K=256, DOT_PRECISION="tf32", USE_PDL=True, LATE_TRIGGER=False))
+            BLOCK_N=block_n, BLOCK_K=256, DOT_PRECISION="tf32", USE_PDL=True))
         print(f"qkv_rope_write_kv head_dim={head_dim} int8={int8}: {size}")
     norm = {"x_ptr": BF16, "w_ptr": BF16, "out_ptr": BF16, "eps": "fp32"}
     print("rms_norm:", compile_sm90(triton_norm._rms_norm_kernel, norm, dict(BLOCK_K=2048, USE_PDL=True)))
@@ -58,7 +58,7 @@ def main() -> None:
          "context_lens_ptr": "*i32"}
     print("paged_attention:", compile_sm90(triton_attention._paged_attention_kernel, attention, dict(
         SPLIT_LEN=128, GROUP=4, HEAD_DIM=64, BLOCK_D=64, BLOCK_SIZE=16, BLOCK_N=128, BLOCK_Q=1, BLOCK_M=16,
-        DOT_PRECISION="tf32", PROGRAMS=4, DIRECT=False, USE_PDL=True, LATE_TRIGGER=True)))
+        DOT_PRECISION="tf32", PROGRAMS=4, DIRECT=False, USE_PDL=True)))
     step = {"token_ptr": "*i64", "base_ptr": "*i64", "tables_ptr": "*i32", "ids_ptr": "*i64", "positions_ptr": "*i64",
             "slots_ptr": "*i64", "context_ptr": "*i32"}
     print("draft_step:", compile_sm90(triton_draft_step._advance_kernel, step, dict(BLOCK_SIZE=16, BLOCK_B=8, USE_PDL=True)))
