@@ -19,6 +19,9 @@ draft's captured loop at batch 1 and 8 (host sync included). The levers:
   * attnN   attention's key ranges a tile at most (engine/triton_attention.MAX_FILL_SPLITS, default 16):
             `attn1` never splits, so no combine kernel runs (a draft's attention is not batch-invariant,
             so its split is free to choose); with a short --prompt, A/Bs the combine's cost
+  * abnN, awN, asN  the draft attention kernel's keys a tile, warps and pipeline stages (defaults 128,
+            4, 3: engine/triton_attention.paged_attention_triton); a draft's attention need not be
+            batch-invariant, so any of them may serve
 Timing bounds, not levers (their outputs are wrong): `skipnorm` replaces the fused steps' RMS norms
 by the identity (no kernel), `skipattn` attention and its combine by the queries: what a forward
 would save if those kernels cost nothing on its critical path.
@@ -31,6 +34,7 @@ Usage: python bench/gpu_draft_forward.py [--variants NAME ...] [--prompt 512] [-
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import sys
 from pathlib import Path
@@ -78,6 +82,9 @@ def settings(name: str) -> dict:
         "reference_step": "refstep" in parts,
         "full_pick": "fullpick" in parts,
         "attention_splits": attention_splits,
+        "attention_launch": {key: int(p.removeprefix(prefix)) for prefix, key in
+                             (("abn", "block_n"), ("aw", "num_warps"), ("as", "num_stages"))
+                             for p in parts if p.startswith(prefix) and p.removeprefix(prefix).isdigit()},
         "skip_norm": "skipnorm" in parts,
         "skip_attention": "skipattn" in parts,
     }
@@ -112,6 +119,9 @@ def measure(hf, setting: dict, census: bool, prompt: int) -> tuple[dict[str, flo
         fused_stages.rms_norm_triton = lambda hidden, weight, eps: hidden
     if setting["skip_attention"]:
         model_runner._attention_backend = lambda *args: lambda q, k_cache, v_cache, batch, scale: q
+    elif setting["attention_launch"]:
+        model_runner._attention_backend = lambda *args: functools.partial(attention_backend(*args),
+                                                                          **setting["attention_launch"])
     try:
         return _measure(hf, setting, census, prompt)
     finally:
