@@ -46,7 +46,7 @@ def model_loader(base: RuntimeConfig, ahead: bool = False) -> LoadFn:
 
         def build() -> ModelDrafter:  # load and capture on the thread that will run it (batching_loop.torch_thread)
             runner = ModelRunner(dataclasses.replace(base, model=model))
-            return ModelDrafter(runner, max_batch_size=base.max_batch_size, executor=executor, ahead=ahead)
+            return ModelDrafter(runner, executor=executor, ahead=ahead)
 
         try:
             return await asyncio.wrap_future(executor.submit(build))

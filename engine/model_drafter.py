@@ -47,21 +47,22 @@ class _Job:
 
 class ModelDrafter:
     def __init__(
-        self, runner: ModelRunner, max_draft_tokens: int = 16, max_batch_size: int = 64,
+        self, runner: ModelRunner, max_draft_tokens: int = 16,
         executor: ThreadPoolExecutor | None = None, ahead: bool = False,
     ) -> None:
         """`executor`: the thread that loaded `runner` (see batching_loop.torch_thread); `ahead`:
-        draft ahead while the target verifies (module doc)."""
+        draft ahead while the target verifies (module doc). Batches of at most the runner's
+        max_batch_size sequences, the largest its graphs are captured for."""
         self.runner = runner
         self.description = runner.description
         self._max_draft_tokens = max_draft_tokens
         self._ahead = ahead
         self._loop: BatchingLoop[_Job, tuple[list[int], ProposeTiming]] = BatchingLoop(
-            self._process, max_batch_size, executor,
+            self._process, runner.max_batch_size, executor,
             phase_of=lambda job: "prefill" if job.num_draft_tokens == 0 else "propose", inline=runner.inline)
         self.admission = KVAdmission(runner.kv.config.num_blocks, runner.kv.block_size)
         # on CUDA: captures its graphs (call on the torch thread)
-        self.draft_loop = DraftLoop(runner, LoopConfig().for_max_batch(max_batch_size))
+        self.draft_loop = DraftLoop(runner, LoopConfig().for_max_batch(runner.max_batch_size))
         self._counters = {"num_active_sequences": 0, "num_sequences_started": 0, "num_forwards": 0,
                           "num_sequence_steps": 0, "num_ahead_hits": 0, "num_ahead_misses": 0}
 

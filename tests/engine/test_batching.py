@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -65,6 +66,25 @@ def test_concurrent_proposals_share_forwards(model_dirs):
     assert together == alone
     assert forwards_together == 1 + 4 + 3 + 2  # start, then k forwards per proposal round
     assert all(len(p) == k for props in together for p, k in zip(props, (4, 3, 2)))
+
+
+def test_a_drafter_batches_no_more_sequences_than_its_runner_is_built_for(model_dirs):
+    """The runner's max_batch_size (its largest graph bucket on CUDA) bounds the drafter's batches:
+    four concurrent starts over a runner of 2 take two forwards of 2."""
+    sizes: list[int] = []
+
+    async def main():
+        drafter = ModelDrafter(ModelRunner(RuntimeConfig(model=str(model_dirs["perturbed"]), kv_cache_tokens=2048,
+                                                         max_batch_size=2)))
+        drafter.observe_forwards(SimpleNamespace(observe_forward=lambda phase, size, seconds: sizes.append(size)))
+        drafter.start_background()
+        seqs = await asyncio.gather(*(drafter.start(p, 16) for p in PROMPTS))
+        for seq in seqs:
+            drafter.release(seq)
+        await drafter.stop()
+
+    asyncio.run(main())
+    assert sizes == [2, 2]
 
 
 def test_draft_proposals_equal_greedy_continuation_of_the_target_when_identical(model_dirs):
