@@ -25,6 +25,7 @@ demo: setup
 	$(PY) -m specdec.launch --demo "$(PROMPT)" $(if $(DRAFTER),--drafter $(DRAFTER))
 
 test: setup
+	$(PY) -m ruff check --quiet .
 	$(PY) -m pytest -q
 
 # Docker engine + compose, the image on a local base, compose up/scale/down checked for real (root;

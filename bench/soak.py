@@ -25,11 +25,11 @@ sys.path[:0] = [str(ROOT), str(ROOT / "bench"), str(ROOT / "tests")]
 import specdec  # noqa: E402,F401 - before grpc: it picks gRPC's poller (specdec/__init__.py)
 import grpc  # noqa: E402
 
-from report import save_report
-from tiny_models import build_model_dir, build_tokenizer
+from report import save_report  # noqa: E402
+from tiny_models import build_model_dir, build_tokenizer  # noqa: E402
 
-from specdec.processes import Replica
-from specdec.v1 import gateway_pb2, gateway_pb2_grpc
+from specdec.processes import Replica  # noqa: E402
+from specdec.v1 import gateway_pb2, gateway_pb2_grpc  # noqa: E402
 
 PROMPTS = ["The quick brown fox", "def add(a, b):\n    return", "Speculative decoding: a draft proposes,",
            "Große Straße 🙂", "Numbers 0123456789 and", "x"]

@@ -122,7 +122,7 @@ def main() -> None:
             entry["cublas"] = {"ms": results["cublas"], "bw": round(nbytes / (results["cublas"] / 1e3) / bandwidth, 3)}
             report[f"{name}_rows{rows}"] = entry
             print(f"{name} rows={rows}: " + ", ".join(f"{label} {v['bw']}" for label, v in entry.items()), flush=True)
-        del weights, cublas_weights
+        weights = cublas_weights = None  # the copies freed before the next shape's
         torch.cuda.empty_cache()
     save_report("tune_linear", report, args.out)
 

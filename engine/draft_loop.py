@@ -132,7 +132,7 @@ class DraftLoop:
         current = [dataclasses.replace(s, num_logits=1) for s in steps]
         positions = [s.kv.num_tokens + len(s.token_ids) for s in steps]  # of each next proposed token
         while current:
-            logits = torch.cat([l[-1:] for l in self._runner.forward(current)])
+            logits = torch.cat([rows[-1:] for rows in self._runner.forward(current)])
             self.num_forwards += 1
             self.num_sequence_steps += len(current)
             picked = self._pick(logits, [sampling[i] for i in active], [positions[i] + len(tokens[i]) for i in active])

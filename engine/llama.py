@@ -187,7 +187,7 @@ class CausalLM(nn.Module):
         )
         inner = hf_model.model
         self.embed_tokens = inner.embed_tokens
-        self.layers = nn.ModuleList(DecoderLayer(l, self.shape, config.rms_norm_eps) for l in inner.layers)
+        self.layers = nn.ModuleList(DecoderLayer(layer, self.shape, config.rms_norm_eps) for layer in inner.layers)
         self.norm, self.eps = inner.norm.weight, config.rms_norm_eps
         self.lm_head = hf_model.lm_head
         cos, sin = _rope_tables(inner.rotary_emb, max_positions, self.embed_tokens.weight)
@@ -244,12 +244,12 @@ def check_supported(config: object) -> None:
 def _fused_linear(linears: list[nn.Linear], interleave: bool = False) -> nn.Linear:
     """One linear computing all of `linears`' outputs: concatenated, or interleaved row by row."""
     join = (lambda ts: torch.stack(ts, dim=1).flatten(0, 1)) if interleave else (lambda ts: torch.cat(ts, dim=0))
-    weight = join([l.weight.data for l in linears])
+    weight = join([linear.weight.data for linear in linears])
     has_bias = linears[0].bias is not None
     fused = nn.Linear(weight.shape[1], weight.shape[0], bias=has_bias, device=weight.device, dtype=weight.dtype)
     fused.weight.data = weight
     if has_bias:
-        fused.bias.data = join([l.bias.data for l in linears])
+        fused.bias.data = join([linear.bias.data for linear in linears])
     return fused
 
 

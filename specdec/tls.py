@@ -42,7 +42,9 @@ class ClientTls:
             raise ValueError("a client certificate needs both its cert and key files")
 
     def credentials(self) -> grpc.ChannelCredentials:
-        read = lambda path: path.read_bytes() if path else None
+        def read(path: Path | None) -> bytes | None:
+            return path.read_bytes() if path else None
+
         return grpc.ssl_channel_credentials(read(self.ca_file), read(self.key_file), read(self.cert_file))
 
     def channel_options(self) -> list[tuple[str, str]]:
@@ -86,6 +88,8 @@ def add_client_tls_args(parser: argparse.ArgumentParser, prefix: str) -> None:
 def client_tls_config(args: argparse.Namespace) -> ClientTls | None:
     if not any([args.backend_tls_ca, args.backend_tls_cert, args.backend_tls_key]):
         return None
-    path = lambda value: Path(value) if value else None
+    def path(value: str | None) -> Path | None:
+        return Path(value) if value else None
+
     return ClientTls(path(args.backend_tls_ca), path(args.backend_tls_cert), path(args.backend_tls_key),
                      args.backend_tls_server_name or None)
