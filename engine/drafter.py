@@ -16,12 +16,12 @@ class DraftSequence:
     """One request's tokens as the drafter sees them: committed tokens, then its open proposal."""
 
     token_ids: list[int]
+    max_len: int  # prompt + max_new_tokens: reconcile refuses a proposal past it
     num_proposed: int = 0  # trailing entries of token_ids that are unverified proposals
     kv: SequenceKV | None = None  # model drafters only
     num_promised_blocks: int = 0  # what KV admission promised (model drafters only)
     sampling: SamplingParams = SamplingParams()  # greedy unless the request samples
     proposal_probs: list[Distribution] = field(default_factory=list)  # what the open proposal was drawn from
-    max_len: int = 0  # prompt + max_new_tokens
     ahead: asyncio.Future | None = None  # draft-ahead (engine/model_drafter.py): the open proposal continued
     prefill_forward_ns: int = 0  # the forward time of the prompt's prefill at start (model drafters only)
 
