@@ -22,6 +22,9 @@ draft's captured loop at batch 1 and 8 (host sync included). The levers:
   * abnN, awN, asN  the draft attention kernel's keys a tile, warps and pipeline stages (defaults 128,
             4, 3: engine/triton_attention.paged_attention_triton); a draft's attention need not be
             batch-invariant, so any of them may serve
+  * layer    a decoder layer one persistent kernel (engine/triton_layer.py, --layer-kernels layer);
+            `layerstaged` the same stages each a launch of its own (no grid barriers); `lpN`, `lwN`, `lsN`
+            its programs an SM at most, warps and pipeline stages (engine/triton_layer.py's defaults)
 Timing bounds, not levers (their outputs are wrong): `skipnorm` replaces the fused steps' RMS norms
 by the identity (no kernel), `skipattn` attention and its combine by the queries: what a forward
 would save if those kernels cost nothing on its critical path.
@@ -46,7 +49,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "bench"), str(ROOT / "tests")]
 
 from engine import model_runner  # noqa: E402
-from engine import draft_loop, fused_stages, pdl, triton_attention, triton_draft_step, triton_linear  # noqa: E402
+from engine import draft_loop, fused_stages, pdl, triton_attention, triton_draft_step, triton_layer, triton_linear  # noqa: E402
 from engine.batch import StepInput  # noqa: E402
 from engine.cuda_graphs import GraphConfig  # noqa: E402
 from engine.model_runner import ModelRunner, RuntimeConfig  # noqa: E402
@@ -85,6 +88,11 @@ def settings(name: str) -> dict:
         "attention_launch": {key: int(p.removeprefix(prefix)) for prefix, key in
                              (("abn", "block_n"), ("aw", "num_warps"), ("as", "num_stages"))
                              for p in parts if p.startswith(prefix) and p.removeprefix(prefix).isdigit()},
+        "layer_kernel": "layer" in parts or "layerstaged" in parts,
+        "layer_staged": "layerstaged" in parts,
+        "layer_launch": {key: int(p.removeprefix(prefix)) for prefix, key in
+                         (("lp", "PROGRAMS_PER_SM"), ("lw", "NUM_WARPS"), ("ls", "NUM_STAGES"))
+                         for p in parts if p.startswith(prefix) and p.removeprefix(prefix).isdigit()},
         "skip_norm": "skipnorm" in parts,
         "skip_attention": "skipattn" in parts,
     }
@@ -102,7 +110,8 @@ def build(hf, setting: dict) -> ModelRunner:
     try:
         runner = ModelRunner(
             RuntimeConfig(model="random-1b", device="cuda", dtype="bfloat16", max_model_len=2048,
-                          kv_cache_tokens=16 * 2048, quantize=setting["quantize"]),
+                          kv_cache_tokens=16 * 2048, quantize=setting["quantize"],
+                          layer_kernels="layer" if setting["layer_kernel"] else "auto"),
             loaded=LoadedModel("random-1b", hf, build_tokenizer()),
         )
     finally:
@@ -114,7 +123,12 @@ def build(hf, setting: dict) -> ModelRunner:
 
 
 def measure(hf, setting: dict, census: bool, prompt: int) -> tuple[dict[str, float], torch.Tensor, dict]:
-    norm, attention_backend = fused_stages.rms_norm_triton, model_runner._attention_backend
+    norm, attention_backend, layer = fused_stages.rms_norm_triton, model_runner._attention_backend, fused_stages.layer_forward
+    if setting["layer_staged"]:  # each stage of the layer kernel a launch of its own: no grid barriers
+        fused_stages.layer_forward = functools.partial(layer, staged=True)
+    launch = {key: getattr(triton_layer, key) for key in setting["layer_launch"]}
+    for key, value in setting["layer_launch"].items():  # read at each launch, so at capture
+        setattr(triton_layer, key, value)
     if setting["skip_norm"]:  # timing bounds (the module doc), read as graphs are captured
         fused_stages.rms_norm_triton = lambda hidden, weight, eps: hidden
     if setting["skip_attention"]:
@@ -126,6 +140,9 @@ def measure(hf, setting: dict, census: bool, prompt: int) -> tuple[dict[str, flo
         return _measure(hf, setting, census, prompt)
     finally:
         fused_stages.rms_norm_triton, model_runner._attention_backend = norm, attention_backend
+        fused_stages.layer_forward = layer
+        for key, value in launch.items():
+            setattr(triton_layer, key, value)
 
 
 def _measure(hf, setting: dict, census: bool, prompt: int) -> tuple[dict[str, float], torch.Tensor, dict]:

@@ -35,9 +35,11 @@ import os
 import torch
 from torch import nn
 
-from engine.linear import Int8Linear
-from engine.llama import CausalLM, DecoderLayer, LayerStages, Rotary
+from engine.linear import weight_and_scale
+from engine.batch import ForwardBatch
+from engine.llama import AttentionFn, CausalLM, DecoderLayer, LayerStages, Rotary
 from engine.subset_head import SubsetLMHead
+from engine.triton_layer import layer_barrier, layer_forward, layer_supported
 from engine.triton_linear import skinny_linear, split_counters
 from engine.triton_norm import rms_norm_triton
 from engine.triton_rope import qkv_rope_and_write_kv, qkv_rope_block_n, rope_and_write_kv
@@ -57,19 +59,29 @@ class FusedStages(LayerStages):
 
     fused_kernels = True
 
-    def __init__(self, fallback: LayerStages, max_rows: int | None, device: torch.device) -> None:
+    def __init__(self, fallback: LayerStages, max_rows: int | None, device: torch.device,
+                 layer_kernel: bool = False) -> None:
         super().__init__(fallback.pre_attention, fallback.post_attention)
         self.max_rows = max_rows  # None: every graph step
         # the split products' counters (engine/triton_linear.py), made before any graph capture;
         # the model's kernels run one at a time, on its stream
         self.counters = split_counters(device) if device.type == "cuda" else None
+        # a layer a kernel (engine/triton_layer.py), its attention's key ranges those of split_len=None
+        self.layer_barrier = layer_barrier(device) if layer_kernel else None
+
+    def forward_layer(self, layer: DecoderLayer, hidden: torch.Tensor, rotary: Rotary, k_cache: torch.Tensor,
+                      v_cache: torch.Tensor, batch: ForwardBatch, attention: AttentionFn) -> torch.Tensor:
+        if self.layer_barrier is None or not self._is_fused_step(hidden) or not layer_supported(layer):
+            return super().forward_layer(layer, hidden, rotary, k_cache, v_cache, batch, attention)
+        counters = self.counters if self.counters is not None else split_counters(hidden.device)
+        return layer_forward(layer, hidden, rotary, k_cache, v_cache, batch, counters, self.layer_barrier)
 
     def attention_inputs(self, layer: DecoderLayer, hidden: torch.Tensor, rotary: Rotary,
                          k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> torch.Tensor:
         if not self._is_fused_step(hidden):
             return super().attention_inputs(layer, hidden, rotary, k_cache, v_cache, slot_mapping)
         x = rms_norm_triton(hidden, layer.input_norm, layer.eps)
-        weight, scale = _weight_and_scale(layer.qkv)
+        weight, scale = weight_and_scale(layer.qkv)
         tables = (rotary.cos_table, rotary.sin_table, rotary.positions)  # the kernels read the rows themselves
         if QKV_ROPE and qkv_rope_block_n(weight, layer.shape, int8=scale is not None) is not None:
             return qkv_rope_and_write_kv(x, weight, layer.qkv.bias, *tables, k_cache, v_cache, slot_mapping,
@@ -108,13 +120,6 @@ class FusedStages(LayerStages):
 
     def _product(self, x: torch.Tensor, linear: nn.Module, **epilogue: object) -> torch.Tensor:
         """`linear`'s product through the skinny kernel."""
-        weight, scale = _weight_and_scale(linear)
+        weight, scale = weight_and_scale(linear)
         return skinny_linear(x, weight, linear.bias, scale=scale, counters=self.counters, **epilogue)
 
-
-def _weight_and_scale(linear: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """What the kernels read of a linear: an nn.Linear's weight, or an Int8Linear's int8 rows and their
-    scales (a draft's --quantize int8)."""
-    if isinstance(linear, Int8Linear):
-        return linear.qweight, linear.scale
-    return linear.weight, None

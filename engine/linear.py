@@ -75,6 +75,14 @@ class Int8Linear(nn.Module):
         return out if self.bias is None else out + self.bias
 
 
+def weight_and_scale(linear: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """What the Triton products read of a linear: an nn.Linear's weight, or an Int8Linear's int8 rows
+    and their scales."""
+    if isinstance(linear, Int8Linear):
+        return linear.qweight, linear.scale
+    return linear.weight, None
+
+
 def dequantize_int8(qweight: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """[N, K] int8 rows times their [N] scales, in `dtype`."""
     return (qweight.float() * scale.float()[:, None]).to(dtype)

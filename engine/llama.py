@@ -118,6 +118,13 @@ class LayerStages:
         return LayerStages(torch.compile(pre_attention, dynamic=True, fullgraph=True),
                            torch.compile(post_attention, dynamic=True, fullgraph=True))
 
+    def forward_layer(self, layer: DecoderLayer, hidden: torch.Tensor, rotary: Rotary, k_cache: torch.Tensor,
+                      v_cache: torch.Tensor, batch: ForwardBatch, attention: AttentionFn) -> torch.Tensor:
+        """The layer's output [T, hidden]: its queries, attention, and what follows."""
+        q = self.attention_inputs(layer, hidden, rotary, k_cache, v_cache, batch.slot_mapping)
+        attn = attention(q, k_cache, v_cache, batch, layer.shape.head_dim**-0.5)
+        return self.attention_output(layer, hidden, attn)
+
     def attention_inputs(self, layer: DecoderLayer, hidden: torch.Tensor, rotary: Rotary,
                          k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> torch.Tensor:
         """The layer's queries [T, H, D]; its keys and values go to the cache."""
@@ -166,9 +173,7 @@ class DecoderLayer(nn.Module):
         attention: AttentionFn,
         stages: LayerStages,
     ) -> torch.Tensor:
-        q = stages.attention_inputs(self, hidden, rotary, k_cache, v_cache, batch.slot_mapping)
-        attn = attention(q, k_cache, v_cache, batch, self.shape.head_dim**-0.5)
-        return stages.attention_output(self, hidden, attn)
+        return stages.forward_layer(self, hidden, rotary, k_cache, v_cache, batch, attention)
 
 
 class CausalLM(nn.Module):
@@ -199,12 +204,13 @@ class CausalLM(nn.Module):
         """Fuses each layer's norms, rotary, residuals and activation with torch.compile (GPU)."""
         self.stages = self.stages.compiled()
 
-    def use_fused_kernels(self, max_rows: int | None) -> None:
+    def use_fused_kernels(self, max_rows: int | None, layer_kernel: bool = False) -> None:
         """CUDA-graph steps (decode, verify, draft loops) of up to `max_rows` rows (None: all) run
-        engine.fused_stages' Triton kernels; call after compile_stages (other steps keep those)."""
+        engine.fused_stages' Triton kernels, with `layer_kernel` a layer a kernel (engine/triton_layer.py,
+        not batch-invariant); call after compile_stages (other steps keep those)."""
         from engine.fused_stages import FusedStages  # needs triton, only here
 
-        self.stages = FusedStages(self.stages, max_rows, self.embed_tokens.weight.device)
+        self.stages = FusedStages(self.stages, max_rows, self.embed_tokens.weight.device, layer_kernel)
 
     @contextmanager
     def fallback_stages(self) -> Iterator[None]:

@@ -41,7 +41,8 @@ class RuntimeConfig:
     # "fused": every decode/verify step (CUDA graphs; on CPU, steps of up to 16 rows) runs
     # engine/fused_stages.py's Triton kernels, batch-invariant (forward_groups); "auto": CUDA graph steps of
     # up to fused_stages.AUTO_MAX_ROWS rows take them (latency-bound), larger ones and CPU take
-    # "reference": PyTorch ops (torch.compile'd on CUDA; cuBLAS)
+    # "reference": PyTorch ops (torch.compile'd on CUDA; cuBLAS); "layer": as auto (on CPU: as fused), with
+    # a decoder layer one persistent kernel in those steps (engine/triton_layer.py; not batch-invariant: drafts)
     layer_kernels: str = "auto"
     use_cuda_graphs: bool = True  # decode/verify steps replay captured graphs (CUDA only)
     use_compile: bool = True  # torch.compile each layer's element-wise stages (CUDA only)
@@ -62,8 +63,8 @@ class RuntimeConfig:
             raise ValueError(f"max_batch_size must be >= 1, got {self.max_batch_size}")
         if self.quantize not in ("none", "int8"):
             raise ValueError(f"quantize must be 'none' or 'int8', got {self.quantize!r}")
-        if self.layer_kernels not in ("auto", "fused", "reference"):
-            raise ValueError(f"layer_kernels must be auto, fused or reference, got {self.layer_kernels!r}")
+        if self.layer_kernels not in ("auto", "fused", "reference", "layer"):
+            raise ValueError(f"layer_kernels must be auto, fused, layer or reference, got {self.layer_kernels!r}")
         if self.attention_backend not in ("auto", "triton", "reference"):
             raise ValueError(f"attention_backend must be auto, triton or reference, got {self.attention_backend!r}")
 
@@ -127,13 +128,14 @@ class ModelRunner:
         self._graph_config = GraphConfig().for_max_batch(config.max_batch_size)
         if config.use_compile and device.type == "cuda":
             self.model.compile_stages()
-        if config.layer_kernels == "fused":
-            self.model.use_fused_kernels(max_rows=None)
-        elif config.layer_kernels == "auto" and device.type == "cuda":
+        if config.layer_kernels == "fused" or (config.layer_kernels == "layer" and device.type == "cpu"):
+            self.model.use_fused_kernels(max_rows=None, layer_kernel=config.layer_kernels == "layer")
+        elif config.layer_kernels in ("auto", "layer") and device.type == "cuda":
             from engine.fused_stages import AUTO_MAX_ROWS  # needs triton, only here
 
             # int8 weights: every graph step (outside them a product dequantizes its whole weight first)
-            self.model.use_fused_kernels(max_rows=None if config.quantize == "int8" else AUTO_MAX_ROWS)
+            self.model.use_fused_kernels(max_rows=None if config.quantize == "int8" else AUTO_MAX_ROWS,
+                                         layer_kernel=config.layer_kernels == "layer")
         if config.use_cuda_graphs and device.type == "cuda":
             self.graphs = CudaGraphRunner(self.model, self.kv, self.attention, self.max_model_len, self._graph_config,
                                           device)

@@ -22,6 +22,8 @@ merges in order. Two ways to cut them:
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -31,7 +33,8 @@ from engine.batch import ForwardBatch
 
 
 @triton.jit
-def _paged_attention_kernel(
+def attention_tile(
+    seq, kv_head, q_tile, run,  # which (sequence, KV head, query tile) and which run of its key ranges
     q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, part_out_ptr, part_lse_ptr,
     block_tables_ptr, cu_seqlens_q_ptr, context_lens_ptr,
     scale,
@@ -52,15 +55,8 @@ def _paged_attention_kernel(
     DOT_PRECISION: tl.constexpr,
     PROGRAMS: tl.constexpr,  # programs per (sequence, head, query tile), each a run of its key ranges
     DIRECT: tl.constexpr,  # one key range is all there can be: write the output, not a partial
-    USE_PDL: tl.constexpr,
 ):
-    if USE_PDL:  # engine/pdl.py
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
-    seq = tl.program_id(0)
-    kv_head = tl.program_id(1)
-    q_tile = tl.program_id(2) // PROGRAMS
-    run = tl.program_id(2) % PROGRAMS
+    """One program's work: the kernel's, and a stage of engine/triton_layer.py's layer kernel."""
     q_start = tl.load(cu_seqlens_q_ptr + seq)
     num_q = tl.load(cu_seqlens_q_ptr + seq + 1) - q_start
     if q_tile * BLOCK_Q < num_q:
@@ -133,6 +129,43 @@ def _paged_attention_kernel(
                      out.to(out_ptr.dtype.element_ty), mask=row_d_valid)
 
 
+@triton.jit
+def _paged_attention_kernel(
+    q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, part_out_ptr, part_lse_ptr,
+    block_tables_ptr, cu_seqlens_q_ptr, context_lens_ptr,
+    scale,
+    stride_qt, stride_qh,
+    stride_kb, stride_ks, stride_kh,
+    stride_vb, stride_vs, stride_vh,
+    stride_ot, stride_oh,
+    stride_bt,
+    stride_ps, stride_pt, stride_ph,
+    SPLIT_LEN: tl.constexpr,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    PROGRAMS: tl.constexpr,
+    DIRECT: tl.constexpr,
+    USE_PDL: tl.constexpr,
+):
+    if USE_PDL:  # engine/pdl.py
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    attention_tile(
+        tl.program_id(0), tl.program_id(1), tl.program_id(2) // PROGRAMS, tl.program_id(2) % PROGRAMS,
+        q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, part_out_ptr, part_lse_ptr,
+        block_tables_ptr, cu_seqlens_q_ptr, context_lens_ptr, scale, stride_qt, stride_qh,
+        stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_ot, stride_oh, stride_bt,
+        stride_ps, stride_pt, stride_ph, SPLIT_LEN, GROUP, HEAD_DIM, BLOCK_D, BLOCK_SIZE, BLOCK_N, BLOCK_Q, BLOCK_M,
+        DOT_PRECISION, PROGRAMS, DIRECT,
+    )
+
+
 SPLIT_LEN = 128  # keys per range at most contexts (`split_len_for`); one BLOCK_N tile
 MAX_SPLITS = 64  # ranges a context may have: bounds the partial buffers of a step
 # The fewest query tokens per tile for a step. 8 would give decode (1 query) and verify (k + 1) the
@@ -141,6 +174,42 @@ MAX_SPLITS = 64  # ranges a context may have: bounds the partial buffers of a st
 STEP_BLOCK_Q = 1
 MAX_FILL_SPLITS = 16  # with split_len None: ranges per tile at most
 COMBINE_BLOCK_S = 16  # ranges the combine loads at once (a fixed number: the sum's order must not vary)
+
+
+@dataclass(frozen=True)
+class AttentionPlan:
+    """How a step's attention is cut into programs (the kernel's grid, and the layer kernel's tiles)."""
+
+    group: int  # query heads a KV head
+    block_q: int  # query tokens a tile
+    block_m: int  # a tile's rows: (query token, query head) pairs, padded
+    q_tiles: int  # query tiles a sequence
+    programs: int  # programs (runs of key ranges) a (sequence, KV head, query tile)
+    max_splits: int  # key ranges a tile may have: partial results' slots (1: the output written directly)
+
+    @classmethod
+    def of(cls, q: torch.Tensor, k_cache: torch.Tensor, batch: ForwardBatch, split_len: int | None,
+           programs_per_tile: int | None = None) -> AttentionPlan:
+        num_heads, num_kv_heads, block_size = q.shape[1], k_cache.shape[2], k_cache.shape[1]
+        group = num_heads // num_kv_heads
+        # queries per tile: as many as the step's longest query run (at least STEP_BLOCK_Q), as many as fit
+        block_q = max(1, min(max(STEP_BLOCK_Q, triton.next_power_of_2(batch.max_num_q)), 64 // group))
+        q_tiles = triton.cdiv(batch.max_num_q, block_q)
+        num_tiles = batch.num_sequences * num_kv_heads * q_tiles
+        if split_len is None:  # a range per program
+            max_splits = programs = programs_per_tile or _programs_per_tile(num_tiles, MAX_FILL_SPLITS, q.device)
+        else:  # the block tables are as wide as the longest context may grow: that many ranges at most
+            max_splits = triton.cdiv(batch.block_tables.shape[1] * block_size, split_len)
+            programs = programs_per_tile or _programs_per_tile(num_tiles, max_splits, q.device)
+        return cls(group, block_q, max(16, triton.next_power_of_2(block_q * group)), q_tiles, programs, max_splits)
+
+    def partials(self, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each key range's output and log-sum-exp (placeholders where the output is written directly)."""
+        if self.max_splits == 1:  # the kernel never touches them
+            part = torch.empty((1, 1, 1, 1), dtype=torch.float32, device=q.device)
+            return part, part
+        part_out = torch.empty((self.max_splits, *q.shape), dtype=torch.float32, device=q.device)
+        return part_out, torch.empty(part_out.shape[:3], dtype=torch.float32, device=q.device)
 
 
 def split_len_for(max_model_len: int) -> int:
@@ -175,24 +244,10 @@ def paged_attention_triton(
     assert batch.block_tables.shape[0] == num_seqs and batch.block_tables.stride(1) == 1
     assert batch.cu_seqlens_q[-1] == num_tokens, "cu_seqlens_q does not cover q"
     assert batch.positions.shape == (num_tokens,)
-    group = num_heads // num_kv_heads
-    # queries per tile: as many as the step's longest query run (at least STEP_BLOCK_Q), as many as fit
-    block_q = max(1, min(max(STEP_BLOCK_Q, triton.next_power_of_2(batch.max_num_q)), 64 // group))
-    block_m = max(16, triton.next_power_of_2(block_q * group))
+    plan = AttentionPlan.of(q, k_cache, batch, split_len, programs_per_tile)
     out = torch.empty_like(q)
-    q_tiles = triton.cdiv(batch.max_num_q, block_q)
-    num_tiles = num_seqs * num_kv_heads * q_tiles
-    if split_len is None:  # a range per program
-        max_splits = programs = programs_per_tile or _programs_per_tile(num_tiles, MAX_FILL_SPLITS, q.device)
-    else:  # the block tables are as wide as the longest context may grow: that many ranges at most
-        max_splits = triton.cdiv(batch.block_tables.shape[1] * block_size, split_len)
-        programs = programs_per_tile or _programs_per_tile(num_tiles, max_splits, q.device)
-    if max_splits > 1:
-        part_out = torch.empty((max_splits, num_tokens, num_heads, head_dim), dtype=torch.float32, device=q.device)
-        part_lse = torch.empty((max_splits, num_tokens, num_heads), dtype=torch.float32, device=q.device)
-    else:  # the kernel writes `out` directly and never touches the partial buffers
-        part_out = part_lse = torch.empty((1, 1, 1, 1), dtype=torch.float32, device=q.device)
-    _paged_attention_kernel[(num_seqs, num_kv_heads, q_tiles * programs)](
+    part_out, part_lse = plan.partials(q)
+    _paged_attention_kernel[(num_seqs, num_kv_heads, plan.q_tiles * plan.programs)](
         q, k_cache, v_cache, out, part_out, part_lse,
         batch.block_tables, batch.cu_seqlens_q_t, batch.context_lens,
         scale,
@@ -202,29 +257,25 @@ def paged_attention_triton(
         out.stride(0), out.stride(1),
         batch.block_tables.stride(0),
         part_out.stride(0), part_out.stride(1), part_out.stride(2),
-        SPLIT_LEN=split_len or 0, GROUP=group, HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim),
-        BLOCK_SIZE=block_size, BLOCK_N=block_n, BLOCK_Q=block_q, BLOCK_M=block_m,
+        SPLIT_LEN=split_len or 0, GROUP=plan.group, HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim),
+        BLOCK_SIZE=block_size, BLOCK_N=block_n, BLOCK_Q=plan.block_q, BLOCK_M=plan.block_m,
         # float32 models stay exact float32 (no TF32), so greedy output matches the reference
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        PROGRAMS=programs, DIRECT=max_splits == 1,
+        PROGRAMS=plan.programs, DIRECT=plan.max_splits == 1,
         num_warps=num_warps, num_stages=num_stages, **pdl.launch_options(q.device),
     )
-    return out if max_splits == 1 else combine_splits(part_out, part_lse, batch.positions, split_len or 0, out)
+    return out if plan.max_splits == 1 else combine_splits(part_out, part_lse, batch.positions, split_len or 0, out)
 
 
 @triton.jit
-def _combine_splits_kernel(
-    part_out_ptr, part_lse_ptr, positions_ptr, out_ptr, stride_ps, stride_pt, stride_ph, stride_ot, stride_oh,
-    SPLIT_LEN: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, HEAD_DIM: tl.constexpr,
-    BLOCK_D: tl.constexpr, USE_PDL: tl.constexpr,
+def combine_tile(
+    token, head, part_out_ptr, part_lse_ptr, positions_ptr, out_ptr, stride_ps, stride_pt, stride_ph, stride_ot,
+    stride_oh, SPLIT_LEN: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
 ):
-    if USE_PDL:  # engine/pdl.py
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
     # out = sum_s exp(lse_s - lse) * out_s / sum_s exp(lse_s - lse), lse = max_s lse_s, for one (token,
     # head), over the ranges up to the token's own position (the kernel wrote those; later slots may
     # be stale), BLOCK_S ranges at a time in range order
-    token, head = tl.program_id(0), tl.program_id(1)
     if SPLIT_LEN > 0:
         num_splits = tl.minimum(tl.load(positions_ptr + token) // SPLIT_LEN + 1, NUM_SPLITS)
     else:  # a slot per program, each written
@@ -252,6 +303,19 @@ def _combine_splits_kernel(
         total += tl.sum(weights, axis=0)
     out = acc / tl.maximum(total, 1e-30)
     tl.store(out_ptr + token * stride_ot + head * stride_oh + d, out.to(out_ptr.dtype.element_ty), mask=d < HEAD_DIM)
+
+
+@triton.jit
+def _combine_splits_kernel(
+    part_out_ptr, part_lse_ptr, positions_ptr, out_ptr, stride_ps, stride_pt, stride_ph, stride_ot, stride_oh,
+    SPLIT_LEN: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr, USE_PDL: tl.constexpr,
+):
+    if USE_PDL:  # engine/pdl.py
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    combine_tile(tl.program_id(0), tl.program_id(1), part_out_ptr, part_lse_ptr, positions_ptr, out_ptr, stride_ps,
+                 stride_pt, stride_ph, stride_ot, stride_oh, SPLIT_LEN, NUM_SPLITS, BLOCK_S, HEAD_DIM, BLOCK_D)
 
 
 def combine_splits(

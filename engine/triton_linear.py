@@ -100,7 +100,7 @@ def strip_product(x_ptr, w_ptr, rows, w_rows, row_ok, col_ok, K, stride_xm, stri
     """float32 [BLOCK_M, BLOCK_N]: x's `rows` times W's rows `w_rows` (any BLOCK_N of them, each
     contiguous along K) over the K range from `k_first`, streamed through the software pipeline.
     `EVEN`: no masks (every W row exists, K a multiple of BLOCK_K). The fused QKV-rotary kernel's
-    loop (engine/triton_rope.py); _skinny_linear_kernel keeps its own copy of these lines: called
+    loop (engine/triton_rope.py); product_tile keeps its own copy of these lines: called
     from there, this changed its machine code (PTX), which the H200 figures were measured without."""
     offs_k = tl.arange(0, BLOCK_K)
     dtype = x_ptr.dtype.element_ty
@@ -119,6 +119,80 @@ def strip_product(x_ptr, w_ptr, rows, w_rows, row_ok, col_ok, K, stride_xm, stri
         a = tl.load(x_rows + k[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
         acc += tl.dot(a, tl.trans(w), input_precision=DOT_PRECISION)
     return acc
+
+
+@triton.jit
+def product_tile(
+    row_tile, strip, split, num_strips,  # which program's work; column strips a row tile
+    x_ptr, w_ptr, out_ptr, bias_ptr, res_ptr, scale_ptr, part_ptr, count_ptr,
+    M, N, K, stride_xm, stride_wn, stride_om, stride_rm, k_per_split,
+    SPLIT_K: tl.constexpr,
+    SILU_MUL: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
+    HAS_SCALE: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    EVEN_N: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """One program's work: the kernel's, and a stage of engine/triton_layer.py's layer kernel."""
+    rows = row_tile * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = strip * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    row_ok = rows < M
+    col_ok = cols < N
+    dtype = x_ptr.dtype.element_ty
+    x_rows = x_ptr + rows[:, None].to(tl.int64) * stride_xm
+    w_cols = w_ptr + cols[:, None].to(tl.int64) * stride_wn
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    k_first = split * k_per_split  # this program's K range (all of K without a split)
+    for k0 in range(k_first, tl.minimum(K, k_first + k_per_split), BLOCK_K):
+        k = k0 + offs_k
+        k_ok = k < K
+        if EVEN_K and EVEN_N:
+            w = tl.load(w_cols + k[None, :])
+        else:
+            w = tl.load(w_cols + k[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
+        if HAS_SCALE:  # int8 values are exact in bf16, fp16 and float32
+            w = w.to(dtype)
+        a = tl.load(x_rows + k[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+        acc += tl.dot(a, tl.trans(w), input_precision=DOT_PRECISION)
+    if SPLIT_K > 1:  # the partial sums to the workspace; the strip's last program adds them, in K order
+        tile_mask = row_ok[:, None] & col_ok[None, :]
+        parts = part_ptr + rows[:, None].to(tl.int64) * N + cols[None, :]
+        tl.store(parts + split * M * N, acc, mask=tile_mask)
+        tl.debug_barrier()  # every thread's partials written before the count (release) says so
+        tile = row_tile * num_strips + strip
+        arrived = tl.atomic_add(count_ptr + tile, 1, sem="acq_rel")
+        last = tl.zeros([BLOCK_M], dtype=tl.int32) + arrived == SPLIT_K - 1  # (a vector: row masks)
+        row_ok &= last  # the others store nothing
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for split in range(SPLIT_K):  # from L2 (.cg), where the other programs' stores are
+            acc += tl.load(parts + split * M * N, mask=tile_mask & last[:, None], other=0.0,
+                           cache_modifier=".cg")
+        # the counter back to zero for the next launch (one lane of the last program)
+        first_row = tl.arange(0, BLOCK_M) == 0
+        tl.atomic_xchg(count_ptr + tile + tl.zeros([BLOCK_M], dtype=tl.int32), 0, mask=last & first_row)
+    if HAS_SCALE:
+        acc *= tl.load(scale_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+    if SILU_MUL:  # columns (2j, 2j + 1) are (gate_j, up_j); each op rounded like PyTorch's
+        gate, up = tl.split(tl.reshape(acc.to(dtype).to(tl.float32), [BLOCK_M, BLOCK_N // 2, 2]))
+        y = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32) * up
+        cols = strip * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
+        col_ok = cols < N // 2
+    else:
+        y = acc.to(out_ptr.dtype.element_ty)
+    out_mask = row_ok[:, None] & col_ok[None, :]
+    if HAS_RESIDUAL:
+        res = tl.load(res_ptr + rows[:, None].to(tl.int64) * stride_rm + cols[None, :], mask=out_mask, other=0.0)
+        y = y.to(tl.float32) + res.to(tl.float32)
+    tl.store(out_ptr + rows[:, None].to(tl.int64) * stride_om + cols[None, :], y.to(out_ptr.dtype.element_ty),
+             mask=out_mask)
 
 
 @triton.jit
@@ -141,60 +215,10 @@ def _skinny_linear_kernel(
     if USE_PDL:  # engine/pdl.py: wait for the previous kernel before any load or store
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
-    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_k = tl.arange(0, BLOCK_K)
-    row_ok = rows < M
-    col_ok = cols < N
-    dtype = x_ptr.dtype.element_ty
-    x_rows = x_ptr + rows[:, None].to(tl.int64) * stride_xm
-    w_cols = w_ptr + cols[:, None].to(tl.int64) * stride_wn
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    k_first = tl.program_id(2) * k_per_split  # this program's K range (all of K without a split)
-    for k0 in range(k_first, tl.minimum(K, k_first + k_per_split), BLOCK_K):
-        k = k0 + offs_k
-        k_ok = k < K
-        if EVEN_K and EVEN_N:
-            w = tl.load(w_cols + k[None, :])
-        else:
-            w = tl.load(w_cols + k[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
-        if HAS_SCALE:  # int8 values are exact in bf16, fp16 and float32
-            w = w.to(dtype)
-        a = tl.load(x_rows + k[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-        acc += tl.dot(a, tl.trans(w), input_precision=DOT_PRECISION)
-    if SPLIT_K > 1:  # the partial sums to the workspace; the strip's last program adds them, in K order
-        tile_mask = row_ok[:, None] & col_ok[None, :]
-        parts = part_ptr + rows[:, None].to(tl.int64) * N + cols[None, :]
-        tl.store(parts + tl.program_id(2) * M * N, acc, mask=tile_mask)
-        tl.debug_barrier()  # every thread's partials written before the count (release) says so
-        tile = tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
-        arrived = tl.atomic_add(count_ptr + tile, 1, sem="acq_rel")
-        last = tl.zeros([BLOCK_M], dtype=tl.int32) + arrived == SPLIT_K - 1  # (a vector: row masks)
-        row_ok &= last  # the others store nothing
-        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        for split in range(SPLIT_K):  # from L2 (.cg), where the other programs' stores are
-            acc += tl.load(parts + split * M * N, mask=tile_mask & last[:, None], other=0.0,
-                           cache_modifier=".cg")
-        # the counter back to zero for the next launch (one lane of the last program)
-        first_row = tl.arange(0, BLOCK_M) == 0
-        tl.atomic_xchg(count_ptr + tile + tl.zeros([BLOCK_M], dtype=tl.int32), 0, mask=last & first_row)
-    if HAS_SCALE:
-        acc *= tl.load(scale_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
-    if HAS_BIAS:
-        acc += tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
-    if SILU_MUL:  # columns (2j, 2j + 1) are (gate_j, up_j); each op rounded like PyTorch's
-        gate, up = tl.split(tl.reshape(acc.to(dtype).to(tl.float32), [BLOCK_M, BLOCK_N // 2, 2]))
-        y = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32) * up
-        cols = tl.program_id(1) * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
-        col_ok = cols < N // 2
-    else:
-        y = acc.to(out_ptr.dtype.element_ty)
-    out_mask = row_ok[:, None] & col_ok[None, :]
-    if HAS_RESIDUAL:
-        res = tl.load(res_ptr + rows[:, None].to(tl.int64) * stride_rm + cols[None, :], mask=out_mask, other=0.0)
-        y = y.to(tl.float32) + res.to(tl.float32)
-    tl.store(out_ptr + rows[:, None].to(tl.int64) * stride_om + cols[None, :], y.to(out_ptr.dtype.element_ty),
-             mask=out_mask)
+    product_tile(tl.program_id(0), tl.program_id(1), tl.program_id(2), tl.num_programs(1),
+                 x_ptr, w_ptr, out_ptr, bias_ptr, res_ptr, scale_ptr, part_ptr, count_ptr,
+                 M, N, K, stride_xm, stride_wn, stride_om, stride_rm, k_per_split, SPLIT_K, SILU_MUL, HAS_BIAS,
+                 HAS_RESIDUAL, HAS_SCALE, EVEN_K, EVEN_N, BLOCK_M, BLOCK_N, BLOCK_K, DOT_PRECISION)
 
 
 def skinny_linear(

@@ -11,12 +11,9 @@ from engine import pdl
 
 
 @triton.jit
-def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, K, stride_x, stride_o, eps, BLOCK_K: tl.constexpr,
-                     USE_PDL: tl.constexpr):
-    if USE_PDL:  # engine/pdl.py
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
-    row = tl.program_id(0).to(tl.int64)
+def rms_norm_row(x_ptr, w_ptr, out_ptr, row, K, stride_x, stride_o, eps, BLOCK_K: tl.constexpr):
+    """One row: the kernel's program, and a stage of engine/triton_layer.py's layer kernel."""
+    row = tl.cast(row, tl.int64)
     k = tl.arange(0, BLOCK_K)
     x = tl.load(x_ptr + row * stride_x + k, mask=k < K, other=0.0)
     x32 = x.to(tl.float32)
@@ -24,6 +21,15 @@ def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, K, stride_x, stride_o, eps, BLOCK_K:
     w = tl.load(w_ptr + k, mask=k < K, other=0.0)
     y = ((x32 * rstd).to(x.dtype).to(tl.float32) * w.to(tl.float32)).to(x.dtype)
     tl.store(out_ptr + row * stride_o + k, y, mask=k < K)
+
+
+@triton.jit
+def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, K, stride_x, stride_o, eps, BLOCK_K: tl.constexpr,
+                     USE_PDL: tl.constexpr):
+    if USE_PDL:  # engine/pdl.py
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    rms_norm_row(x_ptr, w_ptr, out_ptr, tl.program_id(0), K, stride_x, stride_o, eps, BLOCK_K)
 
 
 def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

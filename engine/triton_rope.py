@@ -126,22 +126,20 @@ def _check_tables(cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
 
 
 @triton.jit
-def _qkv_rope_write_kv_kernel(
+def qkv_rope_strip(
+    row_tile, strip,
     x_ptr, w_ptr, bias_ptr, scale_ptr, cos_ptr, sin_ptr, pos_ptr, slot_ptr, q_ptr, k_cache_ptr, v_cache_ptr,
     M, K, stride_xm, stride_wn, stride_cos, stride_sin, stride_q, stride_slot,
     NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, EVEN_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    USE_PDL: tl.constexpr,
 ):
-    if USE_PDL:  # engine/pdl.py
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+    """One (row tile, column strip): the kernel's program, and a stage of engine/triton_layer.py's."""
     HALF: tl.constexpr = HEAD_DIM // 2
     PAIRS: tl.constexpr = BLOCK_N // 2
-    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rows = row_tile * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < M
-    col0 = tl.program_id(1) * BLOCK_N  # the strip's first column of the QKV output; one head's
+    col0 = strip * BLOCK_N  # the strip's first column of the QKV output; one head's
     head = col0 // HEAD_DIM  # of the H query, KVH key and KVH value heads, in that order
     offset = col0 % HEAD_DIM
     j = tl.arange(0, BLOCK_N)
@@ -179,6 +177,24 @@ def _qkv_rope_write_kv_kernel(
         value_head = head - NUM_HEADS - NUM_KV_HEADS
         v_dst = v_cache_ptr + slot[:, None] * stride_slot + value_head * HEAD_DIM + offset + j[None, :]
         tl.store(v_dst, y, mask=row_ok[:, None])  # (a name of its own: a branch's names keep one shape)
+
+
+@triton.jit
+def _qkv_rope_write_kv_kernel(
+    x_ptr, w_ptr, bias_ptr, scale_ptr, cos_ptr, sin_ptr, pos_ptr, slot_ptr, q_ptr, k_cache_ptr, v_cache_ptr,
+    M, K, stride_xm, stride_wn, stride_cos, stride_sin, stride_q, stride_slot,
+    NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
+    HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, EVEN_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    USE_PDL: tl.constexpr,
+):
+    if USE_PDL:  # engine/pdl.py
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    qkv_rope_strip(tl.program_id(0), tl.program_id(1), x_ptr, w_ptr, bias_ptr, scale_ptr, cos_ptr, sin_ptr, pos_ptr,
+                   slot_ptr, q_ptr, k_cache_ptr, v_cache_ptr, M, K, stride_xm, stride_wn, stride_cos, stride_sin,
+                   stride_q, stride_slot, NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, HAS_BIAS, HAS_SCALE, EVEN_K, BLOCK_M,
+                   BLOCK_N, BLOCK_K, DOT_PRECISION)
 
 
 def qkv_rope_block_n(weight: torch.Tensor, shape: ModelShape, int8: bool = False) -> int | None:

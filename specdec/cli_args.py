@@ -59,9 +59,11 @@ def add_runtime_args(parser: argparse.ArgumentParser, prefix: str, default_model
                         help="CUDA: give the KV pool this fraction of the free memory (overrides --kv-cache-tokens)")
     parser.add_argument("--attention-backend", choices=["auto", "triton", "reference"],
                         default=env("attention_backend", "auto"), help="auto: triton on CUDA, reference on CPU")
-    parser.add_argument("--layer-kernels", choices=["auto", "fused", "reference"], default=env("layer_kernels", None),
+    parser.add_argument("--layer-kernels", choices=["auto", "fused", "layer", "reference"],
+                        default=env("layer_kernels", None),
                         help="fused: every CUDA-graph step runs engine/fused_stages.py's Triton kernels, batch-invariant; "
                              "auto: steps of up to 16 rows do, larger ones cuBLAS (faster at batch, not batch-invariant); "
+                             "layer: as auto, a decoder layer one persistent kernel (engine/triton_layer.py; drafts); "
                              f"reference: none. Default: {cuda_layer_kernels} on CUDA, reference on CPU (see the README)")
     parser.add_argument("--max-batch-size", type=int, default=env("max_batch_size", 64))
     parser.add_argument("--num-threads", type=int, default=env("num_threads", None), help="torch CPU threads")

@@ -14,7 +14,7 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from engine import triton_attention, triton_draft_step, triton_linear, triton_norm, triton_rope  # noqa: E402
+from engine import triton_attention, triton_draft_step, triton_layer, triton_linear, triton_norm, triton_rope  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
 BF16 = "*bf16"
@@ -59,6 +59,21 @@ def main() -> None:
     print("paged_attention:", compile_sm90(triton_attention._paged_attention_kernel, attention, dict(
         SPLIT_LEN=128, GROUP=4, HEAD_DIM=64, BLOCK_D=64, BLOCK_SIZE=16, BLOCK_N=128, BLOCK_Q=1, BLOCK_M=16,
         DOT_PRECISION="tf32", PROGRAMS=4, DIRECT=False, USE_PDL=True)))
+    layer = {n: BF16 for n in ("hidden_ptr", "out_ptr", "x_ptr", "q_ptr", "attn_ptr", "mid_ptr", "x2_ptr", "act_ptr",
+                               "norm1_ptr",
+                               "qkv_w_ptr", "qkv_b_ptr", "qkv_s_ptr", "o_w_ptr", "o_b_ptr", "o_s_ptr", "norm2_ptr",
+                               "gu_w_ptr", "gu_b_ptr", "gu_s_ptr", "down_w_ptr", "down_b_ptr", "down_s_ptr", "cos_ptr",
+                               "sin_ptr", "k_cache_ptr", "v_cache_ptr")} | \
+        {"part_out_ptr": "*fp32", "part_lse_ptr": "*fp32", "part_ptr": "*fp32", "count_ptr": "*i32",
+         "barrier_ptr": "*i32", "pos_ptr": "*i64", "slot_ptr": "*i64", "block_tables_ptr": "*i32",
+         "cu_seqlens_q_ptr": "*i32", "context_lens_ptr": "*i32", "eps": "fp32", "gu_w_ptr": "*i8"}
+    for splits in (1, 16):  # a Llama-3.2-1B layer, int8 gate/up, every stage with the barriers between
+        print(f"layer splits={splits}:", compile_sm90(triton_layer._layer_kernel, layer, dict(
+            HIDDEN=2048, INTER=8192, NUM_HEADS=32, NUM_KV_HEADS=8, HEAD_DIM=64, BLOCK_SIZE=16,
+            QKV_BN=16, QKV_BK=256, QKV_BIAS=False, QKV_INT8=False, O_BN=16, O_BK=256, O_BIAS=False, O_INT8=False,
+            GU_BN=32, GU_BK=256, GU_BIAS=False, GU_INT8=True, DOWN_BN=16, DOWN_BK=256, DOWN_SPLIT=4, DOWN_BIAS=False,
+            DOWN_INT8=False, ATT_BLOCK_N=128, ATT_BLOCK_Q=1, ATT_BLOCK_M=16, ATT_Q_TILES=1, ATT_PROGRAMS=splits,
+            ATT_SPLITS=splits, COMBINE_S=16, BLOCK_M=16, DOT_PRECISION="tf32", STAGE=-1, USE_PDL=True)))
     step = {"token_ptr": "*i64", "base_ptr": "*i64", "tables_ptr": "*i32", "ids_ptr": "*i64", "positions_ptr": "*i64",
             "slots_ptr": "*i64", "context_ptr": "*i32"}
     print("draft_step:", compile_sm90(triton_draft_step._advance_kernel, step, dict(BLOCK_SIZE=16, BLOCK_B=8, USE_PDL=True)))
