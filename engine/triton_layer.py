@@ -46,9 +46,10 @@ STAGES = 8
 ATTENTION_BLOCK_N = 128  # engine/triton_attention.paged_attention_triton's defaults
 NUM_WARPS = 4
 NUM_STAGES = 3
-# programs an SM at most: a persistent grid's loads in flight (one an SM streams too few bytes at once:
-# on the H200 a 1B decode took 1.16 ms, against 0.77 for the chain of kernels)
-PROGRAMS_PER_SM = 4
+# programs an SM at most: a persistent grid's loads in flight. On the H200 a 1B int8 decode replay took
+# 1.16 ms with 1, 0.92 with 2, 1.03 with 4, against 0.77 for the chain of kernels
+# (bench/results/gpu_draft_forward_layer.json, gpu_draft_forward_layer_grid.json)
+PROGRAMS_PER_SM = 2
 CPU_PROGRAMS = 3  # on the interpreter: a few, so the tile loops' strides are exercised
 
 

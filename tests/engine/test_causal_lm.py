@@ -54,10 +54,11 @@ def test_varlen_batch_equals_sequences_run_alone(model_dir):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
 
 
-def test_fused_layer_kernels_compute_the_reference_logits(model_dir):
+@pytest.mark.parametrize("kernels", ["fused", "layer"])  # layer: a decoder layer one kernel (engine/triton_layer.py)
+def test_fused_layer_kernels_compute_the_reference_logits(model_dir, kernels):
     """engine/fused_stages (Triton, interpreted on CPU) on a decode and a verify step; prefill (more
     rows than a kernel tile) takes the reference stages in both runners."""
-    reference, fused = (_decode_and_verify_logits(model_dir, kernels) for kernels in ("reference", "fused"))
+    reference, fused = (_decode_and_verify_logits(model_dir, name) for name in ("reference", kernels))
     torch.testing.assert_close(fused, reference, atol=1e-4, rtol=1e-4)
 
 

@@ -46,8 +46,11 @@ def check_device_loop_matches_stepwise(device_loop: DraftLoop, stepwise: DraftLo
         kv.release()
 
 
-@pytest.mark.parametrize("sampled", [False, True])
-@pytest.mark.parametrize("layer_kernels", ["reference", "fused"])  # fused: the Triton step kernel too
+# fused: the Triton step kernel too; layer: a decoder layer one kernel (engine/triton_layer.py), greedy only
+# (the sampled pick is the same code after the forward; each interpreted case takes about a minute)
+@pytest.mark.parametrize(("layer_kernels", "sampled"), [
+    ("reference", False), ("reference", True), ("fused", False), ("fused", True), ("layer", False),
+])
 def test_device_loop_proposes_what_the_stepwise_loop_proposes(model_dirs, sampled, layer_kernels):
     runner = lambda: ModelRunner(RuntimeConfig(model=str(model_dirs["perturbed"]), kv_cache_tokens=4096,  # noqa: E731
                                                layer_kernels=layer_kernels))

@@ -20,14 +20,15 @@ from engine.triton_linear import split_counters
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TINY = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2)
 # a Llama-3.2-1B layer: int8 gate/up (--quantize int8), the down projection split along K
+MAX_POSITIONS = 1024  # the rotary tables' rows: past the longest context a test steps at
 LLAMA_1B = dict(hidden_size=2048, intermediate_size=8192, num_attention_heads=32, num_key_value_heads=8)
 
 
 def _model(shape: dict, dtype: torch.dtype, int8: bool) -> CausalLM:
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=512, num_hidden_layers=1, max_position_embeddings=512, **shape)
+    config = LlamaConfig(vocab_size=512, num_hidden_layers=1, max_position_embeddings=MAX_POSITIONS, **shape)
     hf = AutoModelForCausalLM.from_config(config, dtype=dtype).to(DEVICE).eval()
-    model = CausalLM(hf, 512)
+    model = CausalLM(hf, MAX_POSITIONS)
     if int8:
         quantize_int8(model, 8192)
     return model
