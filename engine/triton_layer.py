@@ -3,8 +3,9 @@
 A 1B draft's decode step is a chain of ~135 small kernels (engine/fused_stages.py): on the H200 its
 products stream their weights in about 0.3 ms, the chain takes 0.77, the rest being each kernel's
 launch, ramp and drain (bench/results/gpu_draft_forward_bounds.json). Here a layer is one launch of
-one program per SM (a grid that is resident all at once), which runs the layer's stages in turn,
-each over its tiles, with a grid-wide barrier between two stages instead of a kernel boundary:
+a grid that is resident all at once, which runs the layer's stages in turn, each over its tiles,
+with a grid-wide barrier between two stages instead of a kernel boundary. On the H200 it is slower
+than the chain (0.92 against 0.77 ms a 1B int8 decode: docs/benchmarks.md), so it is opt-in:
 
   0  x = rms_norm(hidden)                        (engine/triton_norm.rms_norm_row, a row a tile)
   1  q, K/V cache = rotary(x @ Wqkv)             (engine/triton_rope.qkv_rope_strip, a column strip)
