@@ -24,8 +24,7 @@ draft's captured loop at batch 1 and 8 (host sync included). The levers:
             batch-invariant, so any of them may serve
   * layer    a decoder layer one persistent kernel (engine/triton_layer.py, --layer-kernels layer);
             `layerstaged` the same stages each a launch of its own (no grid barriers); `lpN`, `lwN`, `lsN`
-            its programs an SM at most, warps and pipeline stages, `lgN` its barrier's groups, `lkN` its
-            products' K step times N, `lnorm` each program normalizing its rows itself (engine/triton_layer.py)
+            its programs an SM at most, warps and pipeline stages (engine/triton_layer.py's defaults)
 Timing bounds, not levers (their outputs are wrong): `skipnorm` replaces the fused steps' RMS norms
 by the identity (no kernel), `skipattn` attention and its combine by the queries: what a forward
 would save if those kernels cost nothing on its critical path.
@@ -92,10 +91,8 @@ def settings(name: str) -> dict:
         "layer_kernel": "layer" in parts or "layerstaged" in parts,
         "layer_staged": "layerstaged" in parts,
         "layer_launch": {key: int(p.removeprefix(prefix)) for prefix, key in
-                         (("lp", "PROGRAMS_PER_SM"), ("lw", "NUM_WARPS"), ("ls", "NUM_STAGES"),
-                          ("lg", "BARRIER_GROUP"), ("lk", "BLOCK_K_SCALE"))
-                         for p in parts if p.startswith(prefix) and p.removeprefix(prefix).isdigit()}
-        | ({"NORM_IN_STAGE": True} if "lnorm" in parts else {}),
+                         (("lp", "PROGRAMS_PER_SM"), ("lw", "NUM_WARPS"), ("ls", "NUM_STAGES"))
+                         for p in parts if p.startswith(prefix) and p.removeprefix(prefix).isdigit()},
         "skip_norm": "skipnorm" in parts,
         "skip_attention": "skipattn" in parts,
     }

@@ -30,8 +30,6 @@ fused stages' steps (engine/fused_stages.py: CUDA-graph steps).
 """
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 import triton
 import triton.language as tl
@@ -54,30 +52,15 @@ NUM_STAGES = 3
 # (bench/results/gpu_draft_forward_layer.json, gpu_draft_forward_layer_grid.json)
 PROGRAMS_PER_SM = 2
 CPU_PROGRAMS = 3  # on the interpreter: a few, so the tile loops' strides are exercised
-BARRIER_GROUP = 0  # programs a group of the grid barrier (0: one counter for all)
-NORM_IN_STAGE = False  # each program normalizes the rows itself before a product stage: no norm stage and barrier
-BLOCK_K_SCALE = 1  # the products' K step, times the chain's (where K allows): more bytes in flight a program
-BARRIER_GROUPS_AT = tl.constexpr(2)  # the barrier tensor: top counter, exits, then a counter a group
-MAX_GROUPS = tl.constexpr(62)  # (a power of two in all)
 
 
 @triton.jit
-def _grid_barrier(barrier_ptr, generation, num_programs, GROUP: tl.constexpr):
-    """Every program's stores before it are visible to every program's loads after it. GROUP > 0:
-    programs count themselves in their group's counter, the group's last in the top one (fewer
-    atomics on one address in a row), and all spin on the top one."""
+def _grid_barrier(barrier_ptr, generation, num_programs):
+    """Every program's stores before it are visible to every program's loads after it."""
     tl.debug_barrier()  # this program's threads are done
-    if GROUP == 0:
-        tl.atomic_add(barrier_ptr, 1, sem="release")
-        while tl.atomic_add(barrier_ptr, 0, sem="acquire") < generation * num_programs:
-            pass
-    else:
-        group = tl.program_id(0) // GROUP
-        size = tl.minimum(GROUP, num_programs - group * GROUP)
-        if tl.atomic_add(barrier_ptr + BARRIER_GROUPS_AT + group, 1, sem="acq_rel") == generation * size - 1:
-            tl.atomic_add(barrier_ptr, 1, sem="release")  # the whole group has arrived
-        while tl.atomic_add(barrier_ptr, 0, sem="acquire") < generation * tl.cdiv(num_programs, GROUP):
-            pass
+    tl.atomic_add(barrier_ptr, 1, sem="release")
+    while tl.atomic_add(barrier_ptr, 0, sem="acquire") < generation * num_programs:
+        pass
     tl.debug_barrier()
 
 
@@ -99,8 +82,7 @@ def _layer_kernel(
     DOWN_INT8: tl.constexpr,
     ATT_BLOCK_N: tl.constexpr, ATT_BLOCK_Q: tl.constexpr, ATT_BLOCK_M: tl.constexpr, ATT_Q_TILES: tl.constexpr,
     ATT_PROGRAMS: tl.constexpr, ATT_SPLITS: tl.constexpr, COMBINE_S: tl.constexpr,
-    BLOCK_M: tl.constexpr, DOT_PRECISION: tl.constexpr, STAGE: tl.constexpr, BARRIER_GROUP: tl.constexpr,
-    NORM_IN_STAGE: tl.constexpr, USE_PDL: tl.constexpr,
+    BLOCK_M: tl.constexpr, DOT_PRECISION: tl.constexpr, STAGE: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     if USE_PDL:  # engine/pdl.py
         tl.extra.cuda.gdc_wait()
@@ -114,32 +96,22 @@ def _layer_kernel(
     row_tiles = tl.cdiv(M, BLOCK_M)
     kv_row = NUM_KV_HEADS * HEAD_DIM  # a cache slot's elements
     generation = 0
-    QKV_STRIPS: tl.constexpr = QKV_N // QKV_BN
-    GU_STRIPS: tl.constexpr = 2 * INTER // GU_BN
-    if NORM_IN_STAGE:  # x: a program's own rows, normalized by it before its product tiles
-        x1_ptr = x_ptr + pid * M * HIDDEN
-        x2_ptr = x2_ptr + pid * M * HIDDEN
-    else:
-        x1_ptr = x_ptr
-        if ALL or STAGE == 0:
-            for row in range(pid, M, num_programs):
-                rms_norm_row(hidden_ptr, norm1_ptr, x1_ptr, row, HIDDEN, HIDDEN, HIDDEN, eps, HIDDEN)
-        if ALL:
-            generation += 1
-            _grid_barrier(barrier_ptr, generation, num_programs, BARRIER_GROUP)
+    if ALL or STAGE == 0:
+        for row in range(pid, M, num_programs):
+            rms_norm_row(hidden_ptr, norm1_ptr, x_ptr, row, HIDDEN, HIDDEN, HIDDEN, eps, HIDDEN)
+    if ALL:
+        generation += 1
+        _grid_barrier(barrier_ptr, generation, num_programs)
     if ALL or STAGE == 1:
-        if NORM_IN_STAGE and pid < row_tiles * QKV_STRIPS:
-            for row in range(0, M):
-                rms_norm_row(hidden_ptr, norm1_ptr, x1_ptr, row, HIDDEN, HIDDEN, HIDDEN, eps, HIDDEN)
-            tl.debug_barrier()  # the rows written before any thread reads them
+        QKV_STRIPS: tl.constexpr = QKV_N // QKV_BN
         for tile in range(pid, row_tiles * QKV_STRIPS, num_programs):
-            qkv_rope_strip(tile % row_tiles, tile // row_tiles, x1_ptr, qkv_w_ptr, qkv_b_ptr, qkv_s_ptr, cos_ptr,
+            qkv_rope_strip(tile % row_tiles, tile // row_tiles, x_ptr, qkv_w_ptr, qkv_b_ptr, qkv_s_ptr, cos_ptr,
                            sin_ptr, pos_ptr, slot_ptr, q_ptr, k_cache_ptr, v_cache_ptr, M, HIDDEN, HIDDEN, HIDDEN,
                            HEAD_DIM, HEAD_DIM, NUM_HEADS * HEAD_DIM, kv_row, NUM_HEADS, NUM_KV_HEADS, HEAD_DIM,
                            QKV_BIAS, QKV_INT8, HIDDEN % QKV_BK == 0, BLOCK_M, QKV_BN, QKV_BK, DOT_PRECISION)
     if ALL:
         generation += 1
-        _grid_barrier(barrier_ptr, generation, num_programs, BARRIER_GROUP)
+        _grid_barrier(barrier_ptr, generation, num_programs)
     if ALL or STAGE == 2:
         PER_SEQ: tl.constexpr = NUM_KV_HEADS * ATT_Q_TILES * ATT_PROGRAMS
         for tile in range(pid, num_seqs * PER_SEQ, num_programs):
@@ -157,7 +129,7 @@ def _layer_kernel(
     if not DIRECT:
         if ALL:
             generation += 1
-            _grid_barrier(barrier_ptr, generation, num_programs, BARRIER_GROUP)
+            _grid_barrier(barrier_ptr, generation, num_programs)
         if ALL or STAGE == 3:
             for tile in range(pid, M * NUM_HEADS, num_programs):
                 combine_tile(tile // NUM_HEADS, tile % NUM_HEADS, part_out_ptr, part_lse_ptr, pos_ptr, attn_ptr,
@@ -165,7 +137,7 @@ def _layer_kernel(
                              COMBINE_S, HEAD_DIM, BLOCK_D)
     if ALL:
         generation += 1
-        _grid_barrier(barrier_ptr, generation, num_programs, BARRIER_GROUP)
+        _grid_barrier(barrier_ptr, generation, num_programs)
     if ALL or STAGE == 4:  # o_proj, the residual added
         O_STRIPS: tl.constexpr = HIDDEN // O_BN
         for tile in range(pid, row_tiles * O_STRIPS, num_programs):
@@ -176,19 +148,15 @@ def _layer_kernel(
                          O_BN, O_BK, DOT_PRECISION)
     if ALL:
         generation += 1
-        _grid_barrier(barrier_ptr, generation, num_programs, BARRIER_GROUP)
-    if not NORM_IN_STAGE:
-        if ALL or STAGE == 5:
-            for row in range(pid, M, num_programs):
-                rms_norm_row(mid_ptr, norm2_ptr, x2_ptr, row, HIDDEN, HIDDEN, HIDDEN, eps, HIDDEN)
-        if ALL:
-            generation += 1
-            _grid_barrier(barrier_ptr, generation, num_programs, BARRIER_GROUP)
+        _grid_barrier(barrier_ptr, generation, num_programs)
+    if ALL or STAGE == 5:
+        for row in range(pid, M, num_programs):
+            rms_norm_row(mid_ptr, norm2_ptr, x2_ptr, row, HIDDEN, HIDDEN, HIDDEN, eps, HIDDEN)
+    if ALL:
+        generation += 1
+        _grid_barrier(barrier_ptr, generation, num_programs)
     if ALL or STAGE == 6:  # gate/up, silu(gate) * up
-        if NORM_IN_STAGE and pid < row_tiles * GU_STRIPS:
-            for row in range(0, M):
-                rms_norm_row(mid_ptr, norm2_ptr, x2_ptr, row, HIDDEN, HIDDEN, HIDDEN, eps, HIDDEN)
-            tl.debug_barrier()
+        GU_STRIPS: tl.constexpr = 2 * INTER // GU_BN
         for tile in range(pid, row_tiles * GU_STRIPS, num_programs):
             product_tile(tile % row_tiles, tile // row_tiles, 0, GU_STRIPS, x2_ptr, gu_w_ptr, act_ptr, gu_b_ptr,
                          x2_ptr, gu_s_ptr, part_ptr, count_ptr, M, 2 * INTER, HIDDEN, HIDDEN, HIDDEN, INTER, 0,
@@ -196,7 +164,7 @@ def _layer_kernel(
                          DOT_PRECISION)
     if ALL:
         generation += 1
-        _grid_barrier(barrier_ptr, generation, num_programs, BARRIER_GROUP)
+        _grid_barrier(barrier_ptr, generation, num_programs)
     if ALL or STAGE == 7:  # down, the residual added; split along K as the separate kernel is
         DOWN_STRIPS: tl.constexpr = HIDDEN // DOWN_BN
         for tile in range(pid, row_tiles * DOWN_STRIPS * DOWN_SPLIT, num_programs):
@@ -208,8 +176,8 @@ def _layer_kernel(
     if ALL:  # the last program out zeroes the barrier's counters for the next launch
         tl.debug_barrier()
         if tl.atomic_add(barrier_ptr + 1, 1, sem="acq_rel") == num_programs - 1:
-            every = tl.arange(0, BARRIER_GROUPS_AT + MAX_GROUPS)
-            tl.atomic_xchg(barrier_ptr + every, tl.zeros_like(every), sem="relaxed")
+            tl.atomic_xchg(barrier_ptr, 0, sem="relaxed")
+            tl.atomic_xchg(barrier_ptr + 1, 0, sem="relaxed")
 
 
 def layer_supported(layer: DecoderLayer) -> bool:
@@ -230,7 +198,7 @@ def layer_forward(layer: DecoderLayer, hidden: torch.Tensor, rotary: Rotary, k_c
                   staged: bool = False, attention_programs: int | None = None) -> torch.Tensor:
     """The layer's output [M, hidden] for a step (its K/V written to the caches), attention with
     `split_len=None` key ranges (engine/triton_attention.py). `counters`: the split products' (MAX_TILES
-    zeroed int32); `barrier`: layer_barrier's (each launch leaves it zeroed); both made before any
+    zeroed int32); `barrier`: two zeroed int32 (each launch leaves them zeroed); both made before any
     capture, one set for a model's kernels, which run one at a time. `staged`: each stage a launch of
     its own; `attention_programs`: as paged_attention_triton's `programs_per_tile`. Asserting host wrapper."""
     m, hidden_size = hidden.shape
@@ -240,7 +208,7 @@ def layer_forward(layer: DecoderLayer, hidden: torch.Tensor, rotary: Rotary, k_c
     assert k_cache.shape == v_cache.shape and k_cache.shape[2:] == (shape.num_kv_heads, shape.head_dim)
     assert batch.block_tables.stride(1) == 1 and batch.cu_seqlens_q[-1] == m
     assert rotary.cos_table.stride(1) == 1 and rotary.cos_table.stride(0) == shape.head_dim == rotary.sin_table.stride(0)
-    assert barrier.shape == (BARRIER_GROUPS_AT + MAX_GROUPS,) and barrier.dtype == counters.dtype == torch.int32
+    assert barrier.shape == (2,) and barrier.dtype == counters.dtype == torch.int32
     inter = weight_and_scale(layer.down_proj)[0].shape[1]
     q = torch.empty((m, shape.num_heads, shape.head_dim), dtype=hidden.dtype, device=device)
     plan = AttentionPlan.of(q, k_cache, batch, split_len=None, programs_per_tile=attention_programs)
@@ -250,22 +218,19 @@ def layer_forward(layer: DecoderLayer, hidden: torch.Tensor, rotary: Rotary, k_c
     partials = torch.empty((down.split_k, m, hidden_size), dtype=torch.float32, device=device) \
         if down.split_k > 1 else hidden
     # a buffer a stage's output: a line a program read before the barrier is never one rewritten after it
-    mid, out = torch.empty_like(hidden), torch.empty_like(hidden)
+    x, mid, x2, out = (torch.empty_like(hidden) for _ in range(4))
     attn = torch.empty_like(q)
     act = torch.empty((m, inter), dtype=hidden.dtype, device=device)
     weights = []
     for linear in (layer.qkv, layer.o_proj, layer.gate_up, layer.down_proj):
         weight, scale = weight_and_scale(linear)
         weights += [weight, linear.bias if linear.bias is not None else hidden, scale if scale is not None else hidden]
-
-    def arguments(x: torch.Tensor, x2: torch.Tensor) -> tuple:
-        return (hidden, out, x, q, attn, mid, x2, act, part_out, part_lse, partials, counters, barrier,
-                layer.input_norm, *weights[:6], layer.post_attention_norm, *weights[6:],
-                rotary.cos_table, rotary.sin_table, rotary.positions, batch.slot_mapping, k_cache, v_cache,
-                batch.block_tables, batch.cu_seqlens_q_t, batch.context_lens,
-                m, batch.num_sequences, layer.eps, shape.head_dim**-0.5, batch.block_tables.stride(0),
-                part_out.stride(0), down_k_per_split)
-
+    args = (hidden, out, x, q, attn, mid, x2, act, part_out, part_lse, partials, counters, barrier,
+            layer.input_norm, *weights[:6], layer.post_attention_norm, *weights[6:],
+            rotary.cos_table, rotary.sin_table, rotary.positions, batch.slot_mapping, k_cache, v_cache,
+            batch.block_tables, batch.cu_seqlens_q_t, batch.context_lens,
+            m, batch.num_sequences, layer.eps, shape.head_dim**-0.5, batch.block_tables.stride(0), part_out.stride(0),
+            down_k_per_split)
     constexprs = dict(
         HIDDEN=hidden_size, INTER=inter, NUM_HEADS=shape.num_heads, NUM_KV_HEADS=shape.num_kv_heads,
         HEAD_DIM=shape.head_dim, BLOCK_SIZE=k_cache.shape[1],
@@ -277,28 +242,24 @@ def layer_forward(layer: DecoderLayer, hidden: torch.Tensor, rotary: Rotary, k_c
         ATT_BLOCK_N=ATTENTION_BLOCK_N, ATT_BLOCK_Q=plan.block_q, ATT_BLOCK_M=plan.block_m, ATT_Q_TILES=plan.q_tiles,
         ATT_PROGRAMS=plan.programs, ATT_SPLITS=plan.max_splits, COMBINE_S=COMBINE_BLOCK_S,
         BLOCK_M=BLOCK_M, DOT_PRECISION="ieee" if hidden.dtype == torch.float32 else "tf32",
-        BARRIER_GROUP=BARRIER_GROUP, NORM_IN_STAGE=NORM_IN_STAGE, num_warps=NUM_WARPS, num_stages=NUM_STAGES, **pdl.launch_options(device),
+        num_warps=NUM_WARPS, num_stages=NUM_STAGES, **pdl.launch_options(device),
     )
     if m == 0:
         return out
-    args = arguments(hidden, hidden)  # (the grid depends on the types only)
-    num_programs = CPU_PROGRAMS if device.type != "cuda" else _resident_grid(args, constexprs, device)
-    assert BARRIER_GROUP == 0 or triton.cdiv(num_programs, BARRIER_GROUP) <= MAX_GROUPS
-    # the normed rows: a program's own with NORM_IN_STAGE
-    rows = num_programs * m if NORM_IN_STAGE else m
-    args = arguments(*(torch.empty((rows, hidden_size), dtype=hidden.dtype, device=device) for _ in range(2)))
     if staged or device.type != "cuda":
+        num_programs = CPU_PROGRAMS if device.type != "cuda" else _resident_grid(args, constexprs, device)
         for stage in range(STAGES):
-            if (stage != 3 or plan.max_splits > 1) and not (NORM_IN_STAGE and stage in (0, 5)):
+            if stage != 3 or plan.max_splits > 1:
                 _layer_kernel[(num_programs,)](*args, num_programs, STAGE=stage, **constexprs)
     else:
+        num_programs = _resident_grid(args, constexprs, device)
         _layer_kernel[(num_programs,)](*args, num_programs, STAGE=-1, **constexprs)
     return out
 
 
 def layer_barrier(device: torch.device) -> torch.Tensor:
     """The layer kernel's barrier counters, zeroed; made before any graph capture."""
-    return torch.zeros(BARRIER_GROUPS_AT + MAX_GROUPS, dtype=torch.int32, device=device)
+    return torch.zeros(2, dtype=torch.int32, device=device)
 
 
 _GRIDS: dict[tuple, int] = {}
@@ -308,7 +269,7 @@ def _resident_grid(args: tuple, constexprs: dict, device: torch.device) -> int:
     """The most programs that are resident all at once (the barrier's premise), at most PROGRAMS_PER_SM
     an SM: from the compiled kernel's registers and shared memory, once per compiled variant."""
     key = (device.index, *(a.dtype if isinstance(a, torch.Tensor) else type(a) for a in args),
-           *sorted(constexprs.items()), PROGRAMS_PER_SM)  # (every knob the kernel reads is among them)
+           *sorted(constexprs.items()), PROGRAMS_PER_SM)
     if key not in _GRIDS:
         kernel = _layer_kernel.warmup(*args, 1, STAGE=-1, grid=(1,), **constexprs)
         kernel._init_handles()  # loads it: its register count
@@ -328,11 +289,5 @@ def _is_int8(linear) -> bool:
 
 
 def _config(linear) -> LaunchConfig:
-    """The chain's launch configuration, its K step times BLOCK_K_SCALE where K allows."""
     weight, scale = weight_and_scale(linear)
-    config = launch_config(weight.shape[0], weight.shape[1], int8=scale is not None)
-    k = weight.shape[1]
-    block_k = config.block_k * BLOCK_K_SCALE
-    if k % (block_k * config.split_k) == 0:
-        config = dataclasses.replace(config, block_k=block_k)
-    return config
+    return launch_config(weight.shape[0], weight.shape[1], int8=scale is not None)

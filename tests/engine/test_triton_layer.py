@@ -13,7 +13,6 @@ from engine.fused_stages import FusedStages
 from engine.kv_cache import KVCacheConfig, KVPool
 from engine.linear import quantize_int8
 from engine.llama import CausalLM, LayerStages, Rotary
-from engine import triton_layer
 from engine.triton_attention import paged_attention_triton
 from engine.triton_layer import layer_barrier, layer_forward, layer_supported
 from engine.triton_linear import split_counters
@@ -72,10 +71,7 @@ def _layer(model: CausalLM, kv: KVPool, batch, hidden: torch.Tensor, programs: i
 
 @pytest.mark.parametrize(("contexts", "new_tokens"), [([9], 1), ([5, 17, 30], 1), ([12, 3], 2)])
 @pytest.mark.parametrize("programs", [1, 3])  # key ranges a tile: 3 takes the merge stage
-@pytest.mark.parametrize("norm_in_stage", [False, True])  # each program normalizing its rows itself
-def test_the_layer_kernel_computes_the_chain_of_kernels_output(contexts, new_tokens, programs, norm_in_stage,
-                                                              monkeypatch):
-    monkeypatch.setattr(triton_layer, "NORM_IN_STAGE", norm_in_stage)
+def test_the_layer_kernel_computes_the_chain_of_kernels_output(contexts, new_tokens, programs):
     model = _model(TINY, torch.float32, int8=False)
     assert layer_supported(model.layers[0])
     kv, batch, hidden = _step(model, contexts, new_tokens)
