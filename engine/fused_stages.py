@@ -35,8 +35,8 @@ import os
 import torch
 from torch import nn
 
-from engine.linear import weight_and_scale
 from engine.batch import ForwardBatch
+from engine.linear import weight_and_scale
 from engine.llama import AttentionFn, CausalLM, DecoderLayer, LayerStages, Rotary
 from engine.subset_head import SubsetLMHead
 from engine.triton_layer import layer_barrier, layer_forward, layer_supported

@@ -63,7 +63,8 @@ def add_runtime_args(parser: argparse.ArgumentParser, prefix: str, default_model
                         default=env("layer_kernels", None),
                         help="fused: every CUDA-graph step runs engine/fused_stages.py's Triton kernels, batch-invariant; "
                              "auto: steps of up to 16 rows do, larger ones cuBLAS (faster at batch, not batch-invariant); "
-                             "layer: as auto, a decoder layer one persistent kernel (engine/triton_layer.py; drafts); "
+                             "layer: as auto, a decoder layer one persistent kernel (engine/triton_layer.py; drafts; "
+                             "experimental: slower than auto on the H200 today); "
                              f"reference: none. Default: {cuda_layer_kernels} on CUDA, reference on CPU (see the README)")
     parser.add_argument("--max-batch-size", type=int, default=env("max_batch_size", 64))
     parser.add_argument("--num-threads", type=int, default=env("num_threads", None), help="torch CPU threads")
