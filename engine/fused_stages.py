@@ -39,7 +39,7 @@ from engine.batch import ForwardBatch
 from engine.linear import weight_and_scale
 from engine.llama import AttentionFn, CausalLM, DecoderLayer, LayerStages, Rotary
 from engine.subset_head import SubsetLMHead
-from engine.triton_layer import layer_barrier, layer_forward, layer_supported
+from engine.triton_layer import check_every_sm_is_ours, layer_barrier, layer_forward, layer_supported
 from engine.triton_linear import skinny_linear, split_counters
 from engine.triton_norm import rms_norm_triton
 from engine.triton_rope import qkv_rope_and_write_kv, qkv_rope_block_n, rope_and_write_kv
@@ -67,6 +67,8 @@ class FusedStages(LayerStages):
         # the model's kernels run one at a time, on its stream
         self.counters = split_counters(device) if device.type == "cuda" else None
         # a layer a kernel (engine/triton_layer.py), its attention's key ranges those of split_len=None
+        if layer_kernel and device.type == "cuda":
+            check_every_sm_is_ours()
         self.layer_barrier = layer_barrier(device) if layer_kernel else None
 
     def forward_layer(self, layer: DecoderLayer, hidden: torch.Tensor, rotary: Rotary, k_cache: torch.Tensor,

@@ -30,6 +30,9 @@ fused stages' steps (engine/fused_stages.py: CUDA-graph steps).
 """
 from __future__ import annotations
 
+import logging
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -42,6 +45,8 @@ from engine.triton_attention import COMBINE_BLOCK_S, AttentionPlan, attention_ti
 from engine.triton_linear import BLOCK_M, LaunchConfig, launch_config, product_tile
 from engine.triton_norm import rms_norm_row
 from engine.triton_rope import qkv_rope_block_n, qkv_rope_strip
+
+log = logging.getLogger(__name__)
 
 STAGES = 8
 ATTENTION_BLOCK_N = 128  # engine/triton_attention.paged_attention_triton's defaults
@@ -257,6 +262,15 @@ def layer_forward(layer: DecoderLayer, hidden: torch.Tensor, rotary: Rotary, k_c
     return out
 
 
+def check_every_sm_is_ours() -> None:
+    """The barrier needs the whole grid resident at once. Under MPS with an active-thread limit a process
+    gets fewer SMs than the device reports, and the grid would wait at its first barrier forever."""
+    limit = os.environ.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")
+    if limit is not None and float(limit) < 100:
+        raise ValueError(f"--layer-kernels layer needs every SM of the GPU, but CUDA_MPS_ACTIVE_THREAD_PERCENTAGE="
+                         f"{limit} gives this process a share of them; unset it, or use --layer-kernels auto")
+
+
 def layer_barrier(device: torch.device) -> torch.Tensor:
     """The layer kernel's barrier counters, zeroed; made before any graph capture."""
     return torch.zeros(2, dtype=torch.int32, device=device)
@@ -271,15 +285,20 @@ def _resident_grid(args: tuple, constexprs: dict, device: torch.device) -> int:
     key = (device.index, *(a.dtype if isinstance(a, torch.Tensor) else type(a) for a in args),
            *sorted(constexprs.items()), PROGRAMS_PER_SM)
     if key not in _GRIDS:
-        kernel = _layer_kernel.warmup(*args, 1, STAGE=-1, grid=(1,), **constexprs)
-        kernel._init_handles()  # loads it: its register count
         props = torch.cuda.get_device_properties(device)
-        warps = constexprs["num_warps"]
-        registers = -(-kernel.n_regs * 32 // 256) * 256 * warps  # allocated a warp at a time, 256 at once
-        per_sm = min(PROGRAMS_PER_SM, getattr(props, "regs_per_multiprocessor", 65536) // registers,
-                     props.max_threads_per_multi_processor // (32 * warps),
-                     getattr(props, "shared_memory_per_multiprocessor", 228 * 1024) // (kernel.metadata.shared + 1024))
-        assert per_sm >= 1, f"the layer kernel does not fit an SM ({kernel.n_regs} registers, {kernel.metadata.shared} B)"
+        try:
+            kernel = _layer_kernel.warmup(*args, 1, STAGE=-1, grid=(1,), **constexprs)
+            kernel._init_handles()  # loads it: its register count
+        except (AttributeError, TypeError) as error:  # another Triton's API: one an SM is resident if it runs at all
+            log.warning("layer kernel: one program an SM (its occupancy is unknown: %s)", error)
+            per_sm = 1
+        else:
+            warps = constexprs["num_warps"]
+            registers = -(-kernel.n_regs * 32 // 256) * 256 * warps  # allocated a warp at a time, 256 at once
+            per_sm = min(PROGRAMS_PER_SM, getattr(props, "regs_per_multiprocessor", 65536) // registers,
+                         props.max_threads_per_multi_processor // (32 * warps),
+                         getattr(props, "shared_memory_per_multiprocessor", 228 * 1024) // (kernel.metadata.shared + 1024))
+            assert per_sm >= 1, f"the layer kernel does not fit an SM ({kernel.n_regs} registers, {kernel.metadata.shared} B)"
         _GRIDS[key] = per_sm * props.multi_processor_count
     return _GRIDS[key]
 

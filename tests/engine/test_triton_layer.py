@@ -14,7 +14,7 @@ from engine.kv_cache import KVCacheConfig, KVPool
 from engine.linear import quantize_int8
 from engine.llama import CausalLM, LayerStages, Rotary
 from engine.triton_attention import paged_attention_triton
-from engine.triton_layer import layer_barrier, layer_forward, layer_supported
+from engine.triton_layer import check_every_sm_is_ours, layer_barrier, layer_forward, layer_supported
 from engine.triton_linear import split_counters
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -132,3 +132,13 @@ def test_the_persistent_layer_kernel_replays_in_a_cuda_graph():
     torch.cuda.synchronize()
     assert torch.equal(out, eager)
     assert not barrier.any() and not counters.any()
+
+
+def test_the_layer_kernel_is_refused_where_mps_gives_the_process_a_share_of_the_sms(monkeypatch):
+    """Its grid must be resident all at once: with fewer SMs than the device reports it would never pass
+    its first barrier, so the runner refuses it at start, saying why and what to do."""
+    monkeypatch.setenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "50")
+    with pytest.raises(ValueError, match="CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50.*--layer-kernels auto"):
+        check_every_sm_is_ours()
+    monkeypatch.setenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "100")
+    check_every_sm_is_ours()
