@@ -69,7 +69,9 @@ def _grid_barrier(barrier_ptr, generation, num_programs):
     tl.debug_barrier()
 
 
-@triton.jit
+# the grid's size is not a specialization: the kernel _resident_grid compiles to read its registers is
+# the one that runs
+@triton.jit(do_not_specialize=["num_programs"])
 def _layer_kernel(
     hidden_ptr, out_ptr, x_ptr, q_ptr, attn_ptr, mid_ptr, x2_ptr, act_ptr,  # [M, ...] activations, contiguous
     part_out_ptr, part_lse_ptr, part_ptr, count_ptr, barrier_ptr,  # workspaces and counters
@@ -203,7 +205,7 @@ def layer_forward(layer: DecoderLayer, hidden: torch.Tensor, rotary: Rotary, k_c
                   staged: bool = False, attention_programs: int | None = None) -> torch.Tensor:
     """The layer's output [M, hidden] for a step (its K/V written to the caches), attention with
     `split_len=None` key ranges (engine/triton_attention.py). `counters`: the split products' (MAX_TILES
-    zeroed int32); `barrier`: two zeroed int32 (each launch leaves them zeroed); both made before any
+    zeroed int32); `barrier`: layer_barrier's two (each launch leaves them zeroed); both made before any
     capture, one set for a model's kernels, which run one at a time. `staged`: each stage a launch of
     its own; `attention_programs`: as paged_attention_triton's `programs_per_tile`. Asserting host wrapper."""
     m, hidden_size = hidden.shape
@@ -251,13 +253,12 @@ def layer_forward(layer: DecoderLayer, hidden: torch.Tensor, rotary: Rotary, k_c
     )
     if m == 0:
         return out
+    num_programs = CPU_PROGRAMS if device.type != "cuda" else _resident_grid(args, constexprs, device)
     if staged or device.type != "cuda":
-        num_programs = CPU_PROGRAMS if device.type != "cuda" else _resident_grid(args, constexprs, device)
         for stage in range(STAGES):
             if stage != 3 or plan.max_splits > 1:
                 _layer_kernel[(num_programs,)](*args, num_programs, STAGE=stage, **constexprs)
     else:
-        num_programs = _resident_grid(args, constexprs, device)
         _layer_kernel[(num_programs,)](*args, num_programs, STAGE=-1, **constexprs)
     return out
 
