@@ -117,7 +117,7 @@ class ModelRunner:
             shape.num_layers, shape.num_kv_heads, shape.head_dim, dtype, device,
         )
         self.device = device
-        self.max_batch_size = config.max_batch_size  # the largest graph bucket; a drafter's batches too
+        self.max_batch_size = config.max_batch_size  # the largest graph bucket; an engine's or drafter's batches too
         # the fused kernels compute a row alike in any step; fixed key ranges make attention do so too
         fixed_ranges_for = self.max_model_len if config.layer_kernels == "fused" else None
         self.attention = _attention_backend(config.attention_backend, device, fixed_ranges_for)

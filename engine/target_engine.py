@@ -29,12 +29,13 @@ from specdec.errors import InvalidRequestError
 
 @dataclass(frozen=True)
 class TargetEngineConfig:
-    max_batch_size: int = 64  # jobs per iteration
+    """Jobs an iteration: the runner's max_batch_size (its largest graph bucket), not a second value."""
+
     max_num_batched_tokens: int = 2048  # tokens per forward; longer prompts are chunked
 
     def __post_init__(self) -> None:
-        if self.max_batch_size < 1 or self.max_num_batched_tokens < 1:
-            raise ValueError(f"batch limits must be >= 1, got {self}")
+        if self.max_num_batched_tokens < 1:
+            raise ValueError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
 
 
 @dataclass
@@ -73,7 +74,7 @@ class TargetEngine:
         """`executor`: the thread that loaded `runner` (see batching_loop.torch_thread)."""
         self.runner = runner
         self.config = config
-        self._loop: BatchingLoop[_Job, _Outcome] = BatchingLoop(self._process, config.max_batch_size, executor,
+        self._loop: BatchingLoop[_Job, _Outcome] = BatchingLoop(self._process, runner.max_batch_size, executor,
                                                                phase_of=_phase, inline=runner.inline)
         self.admission = KVAdmission(runner.kv.config.num_blocks, runner.kv.block_size)
         self.num_active_sequences = 0

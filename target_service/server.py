@@ -43,7 +43,7 @@ async def start_target_server(
 
 
 def run(args: argparse.Namespace, config: RuntimeConfig) -> None:
-    engine_config = TargetEngineConfig(args.max_batch_size, args.max_num_batched_tokens)
+    engine_config = TargetEngineConfig(args.max_num_batched_tokens)
     executor = torch_thread()
     runner = executor.submit(ModelRunner, config).result()  # load on the thread that will run it
     busy_poll = busy_poll_enabled(args.busy_poll, runner.device.type)

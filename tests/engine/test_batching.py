@@ -87,6 +87,23 @@ def test_a_drafter_batches_no_more_sequences_than_its_runner_is_built_for(model_
     assert sizes == [2, 2]
 
 
+def test_a_target_engine_batches_no_more_sequences_than_its_runner_is_built_for(model_dirs):
+    """The runner's max_batch_size bounds the engine's iterations too (one value, not one per engine):
+    four concurrent prefills over a runner of 2 take two forwards of 2, and so do their verifies."""
+    sizes: list[tuple[str, int]] = []
+
+    async def main():
+        engine = TargetEngine(ModelRunner(RuntimeConfig(model=str(model_dirs["target"]), kv_cache_tokens=2048,
+                                                        max_batch_size=2)))
+        engine.observe_forwards(SimpleNamespace(observe_forward=lambda phase, size, seconds: sizes.append((phase, size))))
+        engine.start()
+        await asyncio.gather(*(_target_run(engine, p, [[1, 2]]) for p in PROMPTS))
+        await engine.stop()
+
+    asyncio.run(main())
+    assert [size for _, size in sizes] == [2, 2, 2, 2]
+
+
 def test_draft_proposals_equal_greedy_continuation_of_the_target_when_identical(model_dirs):
     """An identical draft proposes exactly the target's greedy tokens, including after catch-up."""
 
