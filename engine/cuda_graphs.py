@@ -141,29 +141,31 @@ class CudaGraphRunner:
 class StaticInputs:
     """The input buffers of a captured step: b sequences of q tokens, initialised as all padding.
 
-    The device tensors of `batch` are views of two flat buffers (int64: token ids, positions, slots;
-    int32: context lengths, block tables), filled from host mirrors (pinned on CUDA) in two copies:
-    a step's host work is a few numpy writes, not a dozen tensor ops and copies. `num_extra` more
-    int64 rows of b values ride along for the caller (`extra`: device, `host_extra`: numpy, written
-    before `fill`).
+    The device tensors of `batch` are views of one flat buffer (int64: token ids, positions, slots;
+    then int32: context lengths, block tables), filled from its host mirror (pinned on CUDA) in one
+    copy: a step's host work is a few numpy writes, not a dozen tensor ops and copies. `num_extra`
+    more int64 rows of b values ride along for the caller (`extra`: device, `host_extra`: numpy,
+    written before `fill`).
     """
 
     def __init__(self, b: int, q: int, max_blocks: int, block_size: int, device: torch.device,
                  num_extra: int = 0) -> None:
         self.q = q
         self._scratch = SCRATCH_BLOCK * block_size
-        pin = device.type == "cuda"
-        self._host_long = torch.zeros(3 * b * q + num_extra * b, dtype=torch.long, pin_memory=pin)
-        self._host_int = torch.zeros(b + b * max_blocks, dtype=torch.int32, pin_memory=pin)
-        self._long = self._host_long[: 3 * b * q].view(3, b * q).numpy()
-        self.host_extra = self._host_long[3 * b * q:].view(num_extra, b).numpy()
-        self._context_lens = self._host_int[:b].numpy()
-        self._block_tables = self._host_int[b:].view(b, max_blocks).numpy()
+        num_long, num_int = 3 * b * q + num_extra * b, b + b * max_blocks
+        self._host = torch.zeros(8 * num_long + 4 * num_int, dtype=torch.uint8, pin_memory=device.type == "cuda")
+        host_long, host_int = _long_and_int(self._host, num_long)
+        self._long = host_long[: 3 * b * q].view(3, b * q).numpy()
+        self.host_extra = host_long[3 * b * q:].view(num_extra, b).numpy()
+        self._context_lens = host_int[:b].numpy()
+        self._block_tables = host_int[b:].view(b, max_blocks).numpy()
         self._fill_padding()
-        device_long, device_int = self._host_long.to(device), self._host_int.to(device)
-        self._device = (device_long, device_int)
+        self._device = self._host.to(device)
+        device_long, device_int = _long_and_int(self._device, num_long)
         self.extra = device_long[3 * b * q:].view(num_extra, b)
-        self._copied: torch.cuda.Event | None = None
+        # recorded after each copy: the next fill waits for it before writing the host mirror
+        self._copied = torch.cuda.Event() if device.type == "cuda" else None
+        self._pending = False
         self.batch = ForwardBatch(
             input_ids=device_long[: b * q],
             positions=device_long[b * q: 2 * b * q],
@@ -191,23 +193,27 @@ class StaticInputs:
             tokens[2, i * q: i * q + n] = step.kv.slots(start, n)
             self._context_lens[i] = start + q  # the real queries keep their positions (see module doc)
             self._block_tables[i, : len(step.kv.block_table)] = step.kv.block_table
-        device_long, device_int = self._device
-        device_long.copy_(self._host_long, non_blocking=True)
-        device_int.copy_(self._host_int, non_blocking=True)
-        if device_long.is_cuda:
-            self._copied = torch.cuda.Event()
+        self._device.copy_(self._host, non_blocking=True)
+        if self._copied is not None:
             self._copied.record()
+            self._pending = True
 
     def wait_for_copy(self) -> None:
-        """Before writing the host mirrors: the previous step's copy has read them."""
-        if self._copied is not None:
+        """Before writing the host mirror: the previous step's copy has read it."""
+        if self._pending:
             self._copied.synchronize()
+            self._pending = False
 
     def _fill_padding(self) -> None:
         self._long[:2] = 0
         self._long[2] = self._scratch
         self._context_lens[:] = self.q  # pad sequences: q pad queries over the scratch block
         self._block_tables[:] = SCRATCH_BLOCK
+
+
+def _long_and_int(flat: torch.Tensor, num_long: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The int64 and int32 views of a StaticInputs byte buffer: `num_long` int64 values, then int32s."""
+    return flat[: 8 * num_long].view(torch.long), flat[8 * num_long:].view(torch.int32)
 
 
 def capture(fn: Callable[[], T], pool: tuple) -> tuple[torch.cuda.CUDAGraph, T]:

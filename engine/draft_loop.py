@@ -20,6 +20,7 @@ import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 from tqdm import tqdm
 
@@ -79,6 +80,8 @@ class _DeviceLoop:
     # [max_steps, b] tokens (+ [max_steps, b, c] candidate ids and q): row j is step j's pick
     outputs: tuple[torch.Tensor, ...]
     steps: list[Callable[[], None]]  # step j: feed pick j - 1 (none for j = 0), forward, write pick j
+    # host mirrors of `outputs` (pinned on CUDA): a proposal's rows come back in one copy each and one wait
+    host_outputs: tuple[torch.Tensor, ...]
     graphs: list[torch.cuda.CUDAGraph] = field(default_factory=list)  # `steps` captured (CUDA)
 
     def run(self, k: int) -> None:
@@ -89,6 +92,15 @@ class _DeviceLoop:
         else:
             for step in self.steps[:k]:
                 step()
+
+    def read(self, k: int) -> list[np.ndarray]:
+        """Rows 0..k-1 of each output on the host: contiguous copies into the pinned mirrors, then one
+        wait (not `tolist` on a device view, which adds a gather kernel and a pageable copy)."""
+        for host, out in zip(self.host_outputs, self.outputs):
+            host[:k].copy_(out[:k], non_blocking=True)
+        if self.outputs[0].is_cuda:
+            torch.cuda.current_stream().synchronize()
+        return [host[:k].numpy() for host in self.host_outputs]
 
 
 class DraftLoop:
@@ -184,8 +196,8 @@ class DraftLoop:
         loop.run(k)
         self.num_graph_replays += bool(loop.graphs)
         n = len(steps)
-        outputs = [out[:k, :n].transpose(0, 1) for out in loop.outputs]  # [n, k] (+ [n, k, c])
-        tokens = outputs[0].tolist()  # the host sync
+        outputs = [out[:, :n].swapaxes(0, 1) for out in loop.read(k)]  # [n, k] (+ [n, k, c]); the host sync
+        tokens = outputs[0].tolist()
         probs = [list(zip(ids, q)) for ids, q in zip(outputs[1].tolist(), outputs[2].tolist())] \
             if sampled else [[] for _ in steps]  # per token: (candidate ids, q)
         for s in steps:
@@ -245,7 +257,10 @@ class DraftLoop:
             for out, value in zip(outputs, picked):
                 out[j].copy_(value)
 
-        return _DeviceLoop(inputs, params, outputs, [functools.partial(run_step, j) for j in range(c.max_steps)])
+        pin = device.type == "cuda"
+        host_outputs = tuple(torch.empty(out.shape, dtype=out.dtype, pin_memory=pin) for out in outputs)
+        return _DeviceLoop(inputs, params, outputs, [functools.partial(run_step, j) for j in range(c.max_steps)],
+                           host_outputs)
 
 
 def advance_step_reference(token: torch.Tensor, base: torch.Tensor, j: int, block_tables: torch.Tensor,
