@@ -2,7 +2,9 @@
 launch configurations on decode and verify shapes (Llama-3.1-8B heads: 32 query / 8 KV heads,
 head_dim 128, bf16, 16-token pages, block tables as wide as an 8192-token context, as in the
 engine's graphs). Each configuration is timed as a CUDA graph of 20 calls, so host launches do not
-count. GPU only. Usage: python bench/tune_attention.py [--out bench/results/tune_attention.json]"""
+count. `--draft`: Llama-3.2-1B heads (32 / 8, head_dim 64) and the draft's key ranges (split_len None,
+which fill the GPU) over loop steps of 16-128 keys, at the contexts a draft sees. GPU only.
+Usage: python bench/tune_attention.py [--draft] [--out bench/results/tune_attention.json]"""
 from __future__ import annotations
 
 import argparse
@@ -25,6 +27,9 @@ SHAPES = [(1, 768, 1), (1, 4096, 1), (8, 768, 1), (32, 768, 1), (32, 4096, 1), (
           (32, 768, 5)]  # (batch, context, queries per sequence)
 # split_len (None: a range per program, filling the GPU), the fewest queries per step tile, block_n
 CONFIGS = [(None, 1, 128), (128, 1, 128), (128, 8, 128), (256, 1, 128), (512, 1, 128)]
+DRAFT_SHAPES = [(1, 192, 1), (1, 192, 2), (1, 768, 1), (1, 2048, 1), (1, 4096, 1), (8, 192, 1), (8, 768, 1),
+                (8, 4096, 1), (32, 768, 1)]
+DRAFT_CONFIGS = [(None, 1, 128), (None, 1, 64), (None, 1, 32), (None, 1, 16)]
 
 
 def graph_us(fn, calls: int = 20) -> float:
@@ -47,12 +52,17 @@ def graph_us(fn, calls: int = 20) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "tune_attention.json")
+    parser.add_argument("--draft", action="store_true", help="the 1B draft's heads and key ranges")
+    parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
+    name = "tune_attention_draft" if args.draft else "tune_attention"
+    out = args.out or ROOT / "bench" / "results" / f"{name}.json"
+    shapes, configs = (DRAFT_SHAPES, DRAFT_CONFIGS) if args.draft else (SHAPES, CONFIGS)
+    head_dim = 64 if args.draft else 128
     width = -(-(MAX_MODEL_LEN + 8) // BLOCK)
     rows, metrics = [], {}
-    for batch_size, context, num_q in SHAPES:
-        pool = KVPool(KVCacheConfig(batch_size * (context // BLOCK + 1) + 1, BLOCK), 1, 8, 128, torch.bfloat16,
+    for batch_size, context, num_q in shapes:
+        pool = KVPool(KVCacheConfig(batch_size * (context // BLOCK + 1) + 1, BLOCK), 1, 8, head_dim, torch.bfloat16,
                       torch.device("cuda"))
         pool.k[0].normal_()
         pool.v[0].normal_()
@@ -64,9 +74,9 @@ def main() -> None:
         tables = torch.zeros(batch_size, width, dtype=torch.int32, device="cuda")
         tables[:, : batch.block_tables.shape[1]] = batch.block_tables
         batch = dataclasses.replace(batch, block_tables=tables)
-        q = torch.randn(batch_size * num_q, 32, 128, dtype=torch.bfloat16, device="cuda")
-        kv_bytes = 2 * batch_size * context * 8 * 128 * 2
-        for split_len, step_tile, block_n in CONFIGS:
+        q = torch.randn(batch_size * num_q, 32, head_dim, dtype=torch.bfloat16, device="cuda")
+        kv_bytes = 2 * batch_size * context * 8 * head_dim * 2
+        for split_len, step_tile, block_n in configs:
             triton_attention.STEP_BLOCK_Q = step_tile
             us = graph_us(lambda: triton_attention.paged_attention_triton(
                 q, pool.k[0], pool.v[0], batch, 0.088, block_n=block_n, split_len=split_len))
@@ -74,12 +84,12 @@ def main() -> None:
                              block_n=block_n, us=round(us, 2), tb_s=round(kv_bytes / us / 1e6, 3)))
             metrics[f"us_bs{batch_size}_ctx{context}_q{num_q}_split{split_len}_tile{step_tile}_n{block_n}"] = us
             print(rows[-1], flush=True)
-    for split_len, step_tile, block_n in CONFIGS:
+    for split_len, step_tile, block_n in configs:
         print(f"split {split_len!s:>4} tile {step_tile} block_n {block_n:3d}: " + "  ".join(
             f"{r['us']:7.1f}" for r in rows if (r["split_len"], r["step_tile"], r["block_n"]) ==
             (split_len, step_tile, block_n)))
-    print("shapes:", SHAPES)
-    save_report("tune_attention", metrics, args.out, rows=rows)
+    print("shapes:", shapes)
+    save_report(name, metrics, out, rows=rows)
 
 
 if __name__ == "__main__":
