@@ -34,6 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "bench"), str(ROOT / "tests")]
 
 from report import save_report  # noqa: E402
+from timing import idle_launch_ms  # noqa: E402
 
 
 @triton.jit
@@ -47,18 +48,8 @@ def _bump(x_ptr, USE_PDL: tl.constexpr):
 
 def launch_us(replay, iters: int = 200) -> tuple[float, float]:
     """Median host time of `replay()` from an idle device, and median time to the end of its work (us)."""
-    replay()
-    torch.cuda.synchronize()
-    calls, totals = [], []
-    for _ in range(iters):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        replay()
-        called = time.perf_counter()
-        torch.cuda.synchronize()
-        calls.append(called - start)
-        totals.append(time.perf_counter() - start)
-    return 1e6 * statistics.median(calls), 1e6 * statistics.median(totals)
+    call, total = idle_launch_ms(replay, iters, statistics.median)
+    return 1e3 * call, 1e3 * total
 
 
 def chain_graph(x: torch.Tensor, kernels: int, pdl: bool, pool) -> torch.cuda.CUDAGraph:

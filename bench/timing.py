@@ -1,6 +1,7 @@
 """Device-side timing shared by the GPU benchmarks."""
 from __future__ import annotations
 
+import statistics
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -21,9 +22,11 @@ def cuda_ms(fn: Callable[[], object], iters: int = 20) -> float:
     return start.elapsed_time(end) / iters
 
 
-def idle_launch_ms(fn: Callable[[], object], iters: int = 100) -> tuple[float, float]:
-    """Mean milliseconds of `fn` started on an idle device: (host time of the call, the call to the end
-    of its work). Against cuda_ms's back-to-back time, the second shows what a synced caller pays."""
+def idle_launch_ms(fn: Callable[[], object], iters: int = 100,
+                   statistic: Callable[[list[float]], float] = statistics.mean) -> tuple[float, float]:
+    """Milliseconds of `fn` started on an idle device, their mean (or `statistic`): (host time of the
+    call, the call to the end of its work). Against cuda_ms's back-to-back time, the second shows what
+    a synced caller pays. A mean takes in the host's outliers; a median shows the usual call."""
     fn()
     calls, totals = [], []
     for _ in range(iters):
@@ -34,7 +37,7 @@ def idle_launch_ms(fn: Callable[[], object], iters: int = 100) -> tuple[float, f
         torch.cuda.synchronize()
         calls.append(called - start)
         totals.append(time.perf_counter() - start)
-    return 1e3 * sum(calls) / iters, 1e3 * sum(totals) / iters
+    return 1e3 * statistic(calls), 1e3 * statistic(totals)
 
 
 def kernel_census(fn: Callable[[], object], host_ops: int = 0) -> dict[str, float]:
