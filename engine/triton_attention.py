@@ -173,13 +173,13 @@ MAX_SPLITS = 64  # ranges a context may have: bounds the partial buffers of a st
 # on the H200 with tiles by query count, tests/engine), and 8 costs a decode 2 us a layer.
 STEP_BLOCK_Q = 1
 MAX_FILL_SPLITS = 16  # with split_len None: ranges per tile at most
-# Keys a loop step. With fixed ranges (split_len), the best of bench/tune_attention.py's sweep on the H200
-# for decode and verify. With ranges that fill the GPU (drafts), a shorter step cuts a short context into
-# more ranges (a range is a whole number of steps): at a 192-token context a 1B draft's decode replay took
-# 0.756 ms against 0.770 / 0.774 with 128, a k = 4 loop 3.06 against 3.13 / 3.14 ms
-# (bench/results/gpu_draft_forward_attn_launch.json).
-FIXED_BLOCK_N = 128
-FILL_BLOCK_N = 32
+# Keys a loop step: the best of bench/tune_attention.py's sweeps on the H200, for fixed ranges (decode and
+# verify) and for a draft's ranges that fill the GPU alike. Shorter steps cut a short context into more
+# ranges (a range is a whole number of steps), and a 1B draft at a 192-token context gained (32 keys:
+# decode replay 0.756 ms against 0.770, attention 5.0 us against 5.9), but they lose at long contexts and
+# in batches: 15.7 against 9.1 us at one 4096-token context, 66 against 34 at 8, 35 against 19 at 32
+# sequences of 768 (bench/results/gpu_draft_forward_attn_launch.json, tune_attention_draft.json).
+BLOCK_N = 128
 COMBINE_BLOCK_S = 16  # ranges the combine loads at once (a fixed number: the sum's order must not vary)
 
 
@@ -230,7 +230,7 @@ def paged_attention_triton(
     v_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
     batch: ForwardBatch,
     scale: float,
-    block_n: int | None = None,  # keys a loop step; None: FIXED_BLOCK_N with split_len, else FILL_BLOCK_N
+    block_n: int = BLOCK_N,
     num_warps: int = 4,
     num_stages: int = 3,
     split_len: int | None = None,  # keys per range, one constant per engine; None: fill the GPU (see the module doc)
@@ -244,7 +244,6 @@ def paged_attention_triton(
     assert cache_head_dim == head_dim, f"head_dim {head_dim} vs cache {cache_head_dim}"
     assert num_heads % num_kv_heads == 0, f"{num_heads} heads not a multiple of {num_kv_heads} KV heads"
     assert q.stride(-1) == k_cache.stride(-1) == v_cache.stride(-1) == 1, "head_dim must be contiguous"
-    block_n = block_n or (FIXED_BLOCK_N if split_len else FILL_BLOCK_N)
     assert split_len is None or split_len % block_n == 0, f"split_len {split_len} is not a multiple of {block_n}"
     num_seqs = batch.context_lens.shape[0]
     assert batch.cu_seqlens_q_t.shape == (num_seqs + 1,) and batch.cu_seqlens_q_t.dtype == torch.int32

@@ -41,7 +41,7 @@ from engine import pdl
 from engine.batch import ForwardBatch
 from engine.linear import weight_and_scale
 from engine.llama import DecoderLayer, Rotary
-from engine.triton_attention import COMBINE_BLOCK_S, FILL_BLOCK_N, AttentionPlan, attention_tile, combine_tile
+from engine.triton_attention import BLOCK_N as ATTENTION_BLOCK_N, COMBINE_BLOCK_S, AttentionPlan, attention_tile, combine_tile
 from engine.triton_linear import BLOCK_M, LaunchConfig, launch_config, product_tile
 from engine.triton_norm import rms_norm_row
 from engine.triton_rope import qkv_rope_block_n, qkv_rope_strip
@@ -245,7 +245,7 @@ def layer_forward(layer: DecoderLayer, hidden: torch.Tensor, rotary: Rotary, k_c
         GU_BN=gu.block_n, GU_BK=gu.block_k, GU_BIAS=layer.gate_up.bias is not None, GU_INT8=_is_int8(layer.gate_up),
         DOWN_BN=down.block_n, DOWN_BK=down.block_k, DOWN_SPLIT=down.split_k, DOWN_BIAS=layer.down_proj.bias is not None,
         DOWN_INT8=_is_int8(layer.down_proj),
-        ATT_BLOCK_N=FILL_BLOCK_N, ATT_BLOCK_Q=plan.block_q, ATT_BLOCK_M=plan.block_m, ATT_Q_TILES=plan.q_tiles,
+        ATT_BLOCK_N=ATTENTION_BLOCK_N, ATT_BLOCK_Q=plan.block_q, ATT_BLOCK_M=plan.block_m, ATT_Q_TILES=plan.q_tiles,
         ATT_PROGRAMS=plan.programs, ATT_SPLITS=plan.max_splits, COMBINE_S=COMBINE_BLOCK_S,
         BLOCK_M=BLOCK_M, DOT_PRECISION="ieee" if hidden.dtype == torch.float32 else "tf32",
         num_warps=NUM_WARPS, num_stages=NUM_STAGES, **pdl.launch_options(device),
