@@ -33,8 +33,15 @@ import triton.language as tl
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "bench"), str(ROOT / "tests")]
 
+import gpu_draft_forward  # noqa: E402
+from engine.batch import StepInput  # noqa: E402
+from engine.cuda_graphs import capture  # noqa: E402
+from engine.draft_loop import DraftLoop, LoopConfig  # noqa: E402
+from engine.model_runner import GraphConfig  # noqa: E402
+from gpu_e2e import LLAMA_1B  # noqa: E402
 from report import save_report  # noqa: E402
-from timing import idle_launch_ms  # noqa: E402
+from timing import cuda_ms, idle_launch_ms, prefilled_sequences  # noqa: E402
+from transformers import AutoModelForCausalLM, LlamaConfig  # noqa: E402
 
 
 @triton.jit
@@ -88,17 +95,6 @@ def synthetic(kernels: int, counts: list[int]) -> dict[str, float]:
 
 
 def draft(prompt: int, orders: list[str]) -> dict[str, float]:
-    from transformers import AutoModelForCausalLM, LlamaConfig
-
-    import gpu_draft_forward
-    from engine.batch import StepInput
-    from engine.draft_loop import DraftLoop, LoopConfig
-
-    FullLoop = full_loop_class()  # noqa: N806
-    from engine.model_runner import GraphConfig
-    from gpu_e2e import LLAMA_1B
-    from timing import cuda_ms, prefilled_sequences
-
     gpu_draft_forward.model_runner.GraphConfig = lambda: GraphConfig(batch_buckets=(1, 8), query_buckets=(1, 2, 5))
     torch.manual_seed(0)
     with torch.device("cuda"):
@@ -128,39 +124,30 @@ def draft(prompt: int, orders: list[str]) -> dict[str, float]:
     return metrics
 
 
-def full_loop_class():
-    from engine.draft_loop import DraftLoop
+class FullLoop(DraftLoop):
+    """The service's DraftLoop (every bucket), its graphs captured in another order or pools."""
 
-    class FullLoop(DraftLoop):
-        """The service's DraftLoop, its graphs captured in another order or pools."""
+    def __init__(self, runner, order: str) -> None:
+        self._order = order
+        super().__init__(runner)
 
-        def __init__(self, runner, order: str) -> None:
-            self._order = order
-            super().__init__(runner)
-
-        def _capture_all(self) -> None:
-            from engine.cuda_graphs import capture
-
-            c = self._config
-            shapes = [(b, q, sampled) for sampled in (False, True) for b in sorted(c.batch_buckets, reverse=True)
-                      for q in sorted(c.first_query_buckets, reverse=True)]
-            if self._order == "smallest_first":
-                shapes.reverse()
-            for shape in shapes:
-                pool = torch.cuda.graph_pool_handle() if self._order == "pool_per_bucket" else self._pool
-                loop = self._build(*shape)
-                for step in loop.steps:
-                    loop.graphs.append(capture(step, pool)[0])
-                self._loops[shape] = loop
-
-    return FullLoop
+    def _capture_all(self) -> None:
+        c = self._config
+        shapes = [(b, q, sampled) for sampled in (False, True) for b in sorted(c.batch_buckets, reverse=True)
+                  for q in sorted(c.first_query_buckets, reverse=True)]
+        if self._order == "smallest_first":
+            shapes.reverse()
+        for shape in shapes:
+            pool = torch.cuda.graph_pool_handle() if self._order == "pool_per_bucket" else self._pool
+            loop = self._build(*shape)
+            for step in loop.steps:
+                loop.graphs.append(capture(step, pool)[0])
+            self._loops[shape] = loop
 
 
 def propose_phases(draft_loop, kv, prompt: int, k: int, name: str, iters: int = 200) -> dict[str, float]:
     """A batch-1 greedy proposal's host phases (median us) against its device span, and its wall ms
     through `propose` as served."""
-    from engine.batch import StepInput
-
     phases: dict[str, list[float]] = {p: [] for p in ("fill_us", "launches_us", "readback_us", "total_us", "device_span_us")}
     loop = draft_loop._loops[(1, 1, False)]
     start_event, end_event = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

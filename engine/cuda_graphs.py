@@ -163,9 +163,9 @@ class StaticInputs:
         self._device = self._host.to(device)
         device_long, device_int = _long_and_int(self._device, num_long)
         self.extra = device_long[3 * b * q:].view(num_extra, b)
-        # recorded after each copy: the next fill waits for it before writing the host mirror
+        # recorded after each copy: the next fill waits for it before writing the host mirror (an event
+        # never recorded is waited for at once)
         self._copied = torch.cuda.Event() if device.type == "cuda" else None
-        self._pending = False
         self.batch = ForwardBatch(
             input_ids=device_long[: b * q],
             positions=device_long[b * q: 2 * b * q],
@@ -196,13 +196,11 @@ class StaticInputs:
         self._device.copy_(self._host, non_blocking=True)
         if self._copied is not None:
             self._copied.record()
-            self._pending = True
 
     def wait_for_copy(self) -> None:
         """Before writing the host mirror: the previous step's copy has read it."""
-        if self._pending:
+        if self._copied is not None:
             self._copied.synchronize()
-            self._pending = False
 
     def _fill_padding(self) -> None:
         self._long[:2] = 0
