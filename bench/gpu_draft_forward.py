@@ -19,9 +19,9 @@ draft's captured loop at batch 1 and 8 (host sync included). The levers:
   * attnN   attention's key ranges a tile at most (engine/triton_attention.MAX_FILL_SPLITS, default 16):
             `attn1` never splits, so no combine kernel runs (a draft's attention is not batch-invariant,
             so its split is free to choose); with a short --prompt, A/Bs the combine's cost
-  * abnN, awN, asN, afsN  the draft attention kernel's keys a tile, warps, pipeline stages and the keys a
-            range is a multiple of (defaults 128, 4, 3, 16: engine/triton_attention.paged_attention_triton);
-            a draft's attention need not be batch-invariant, so any of them may serve
+  * abnN, awN, asN  the draft attention kernel's keys a tile, warps and pipeline stages (defaults 128,
+            4, 3: engine/triton_attention.paged_attention_triton); a draft's attention need not be
+            batch-invariant, so any of them may serve
   * layer    a decoder layer one persistent kernel (engine/triton_layer.py, --layer-kernels layer);
             `layerstaged` the same stages each a launch of its own (no grid barriers); `lpN`, `lwN`, `lsN`
             its programs an SM at most, warps and pipeline stages (engine/triton_layer.py's defaults)
@@ -86,7 +86,7 @@ def settings(name: str) -> dict:
         "full_pick": "fullpick" in parts,
         "attention_splits": attention_splits,
         "attention_launch": {key: int(p.removeprefix(prefix)) for prefix, key in
-                             (("abn", "block_n"), ("aw", "num_warps"), ("as", "num_stages"), ("afs", "fill_step"))
+                             (("abn", "block_n"), ("aw", "num_warps"), ("as", "num_stages"))
                              for p in parts if p.startswith(prefix) and p.removeprefix(prefix).isdigit()},
         "layer_kernel": "layer" in parts or "layerstaged" in parts,
         "layer_staged": "layerstaged" in parts,

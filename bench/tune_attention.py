@@ -3,8 +3,7 @@ launch configurations on decode and verify shapes (Llama-3.1-8B heads: 32 query 
 head_dim 128, bf16, 16-token pages, block tables as wide as an 8192-token context, as in the
 engine's graphs). Each configuration is timed as a CUDA graph of 20 calls, so host launches do not
 count. `--draft`: Llama-3.2-1B heads (32 / 8, head_dim 64) and the draft's key ranges (split_len None,
-which fill the GPU) over loop steps of 16-128 keys and ranges cut at multiples of 16-128 keys
-(engine/triton_attention.FILL_STEP), at the contexts a draft sees. GPU only.
+which fill the GPU) over loop steps of 16-128 keys, at the contexts a draft sees. GPU only.
 Usage: python bench/tune_attention.py [--draft] [--out bench/results/tune_attention.json]"""
 from __future__ import annotations
 
@@ -26,13 +25,11 @@ from report import save_report  # noqa: E402
 MAX_MODEL_LEN, BLOCK = 8192, 16
 SHAPES = [(1, 768, 1), (1, 4096, 1), (8, 768, 1), (32, 768, 1), (32, 4096, 1), (1, 768, 5), (8, 768, 5),
           (32, 768, 5)]  # (batch, context, queries per sequence)
-# split_len (None: a range per program, filling the GPU), the fewest queries per step tile, block_n, and
-# with split_len None the keys a range is a multiple of
-CONFIGS = [(None, 1, 128, 128), (128, 1, 128, 128), (128, 8, 128, 128), (256, 1, 128, 128), (512, 1, 128, 128)]
+# split_len (None: a range per program, filling the GPU), the fewest queries per step tile, block_n
+CONFIGS = [(None, 1, 128), (128, 1, 128), (128, 8, 128), (256, 1, 128), (512, 1, 128)]
 DRAFT_SHAPES = [(1, 192, 1), (1, 192, 2), (1, 768, 1), (1, 2048, 1), (1, 4096, 1), (8, 192, 1), (8, 768, 1),
                 (8, 4096, 1), (32, 768, 1)]
-DRAFT_CONFIGS = [(None, 1, 128, 128), (None, 1, 128, 64), (None, 1, 128, 32), (None, 1, 128, 16), (None, 1, 64, 16),
-                 (None, 1, 32, 32)]
+DRAFT_CONFIGS = [(None, 1, 128), (None, 1, 64), (None, 1, 32), (None, 1, 16)]
 
 
 def graph_us(fn, calls: int = 20) -> float:
@@ -79,19 +76,18 @@ def main() -> None:
         batch = dataclasses.replace(batch, block_tables=tables)
         q = torch.randn(batch_size * num_q, 32, head_dim, dtype=torch.bfloat16, device="cuda")
         kv_bytes = 2 * batch_size * context * 8 * head_dim * 2
-        for split_len, step_tile, block_n, fill_step in configs:
+        for split_len, step_tile, block_n in configs:
             triton_attention.STEP_BLOCK_Q = step_tile
             us = graph_us(lambda: triton_attention.paged_attention_triton(
-                q, pool.k[0], pool.v[0], batch, 0.088, block_n=block_n, split_len=split_len, fill_step=fill_step))
+                q, pool.k[0], pool.v[0], batch, 0.088, block_n=block_n, split_len=split_len))
             rows.append(dict(batch=batch_size, context=context, num_q=num_q, split_len=split_len, step_tile=step_tile,
-                             block_n=block_n, fill_step=fill_step, us=round(us, 2), tb_s=round(kv_bytes / us / 1e6, 3)))
-            metrics[f"us_bs{batch_size}_ctx{context}_q{num_q}_split{split_len}_tile{step_tile}_n{block_n}"
-                    f"_fill{fill_step}"] = us
+                             block_n=block_n, us=round(us, 2), tb_s=round(kv_bytes / us / 1e6, 3)))
+            metrics[f"us_bs{batch_size}_ctx{context}_q{num_q}_split{split_len}_tile{step_tile}_n{block_n}"] = us
             print(rows[-1], flush=True)
-    for config in configs:
-        split_len, step_tile, block_n, fill_step = config
-        print(f"split {split_len!s:>4} tile {step_tile} block_n {block_n:3d} fill {fill_step:3d}: " + "  ".join(
-            f"{r['us']:7.1f}" for r in rows if (r["split_len"], r["step_tile"], r["block_n"], r["fill_step"]) == config))
+    for split_len, step_tile, block_n in configs:
+        print(f"split {split_len!s:>4} tile {step_tile} block_n {block_n:3d}: " + "  ".join(
+            f"{r['us']:7.1f}" for r in rows if (r["split_len"], r["step_tile"], r["block_n"]) ==
+            (split_len, step_tile, block_n)))
     print("shapes:", shapes)
     save_report(name, metrics, out, rows=rows)
 

@@ -55,7 +55,6 @@ def attention_tile(
     DOT_PRECISION: tl.constexpr,
     PROGRAMS: tl.constexpr,  # programs per (sequence, head, query tile), each a run of its key ranges
     DIRECT: tl.constexpr,  # one key range is all there can be: write the output, not a partial
-    FILL_STEP: tl.constexpr,  # SPLIT_LEN 0: ranges are whole multiples of this many keys
 ):
     """One program's work: the kernel's, and a stage of engine/triton_layer.py's layer kernel."""
     q_start = tl.load(cu_seqlens_q_ptr + seq)
@@ -80,9 +79,8 @@ def attention_tile(
         row_d_valid = row_valid[:, None] & d_valid[None, :]
         if SPLIT_LEN > 0:  # fixed ranges: the same for this token in any step
             split_len = SPLIT_LEN
-        else:  # one range per program, as many as fill the GPU: depends on the batch. A range need not
-            # be whole loop steps (its last step masks past k_end), so a short context gets its ranges too
-            split_len = tl.cdiv(tl.cdiv(num_keys, PROGRAMS), FILL_STEP) * FILL_STEP
+        else:  # one range per program, as many as fill the GPU: depends on the batch
+            split_len = tl.cdiv(tl.cdiv(num_keys, PROGRAMS), BLOCK_N) * BLOCK_N
         # this program's share of the tile's key ranges: a contiguous run, in one pipelined loop
         num_ranges = tl.cdiv(num_keys, split_len)
         per_program = tl.cdiv(num_ranges, PROGRAMS)
@@ -100,10 +98,7 @@ def attention_tile(
             kv_valid = pos_valid[None, :] & d_valid[:, None]
             k_t = tl.load(k_cache_ptr + slot[None, :] + d[:, None], mask=kv_valid, other=0.0)  # [BLOCK_D, BLOCK_N]
             s = tl.dot(q, k_t, input_precision=DOT_PRECISION) * scale  # [BLOCK_M, BLOCK_N]
-            visible = (k_pos[None, :] <= q_pos[:, None]) & row_valid[:, None]
-            if SPLIT_LEN == 0:  # a range may end inside a step: the next range's keys are visible, not ours
-                visible &= pos_valid[None, :]
-            s = tl.where(visible, s, float("-inf"))
+            s = tl.where((k_pos[None, :] <= q_pos[:, None]) & row_valid[:, None], s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, axis=1))
             m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing visible yet
             p = tl.exp(s - m_safe[:, None])
@@ -156,7 +151,6 @@ def _paged_attention_kernel(
     DOT_PRECISION: tl.constexpr,
     PROGRAMS: tl.constexpr,
     DIRECT: tl.constexpr,
-    FILL_STEP: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     if USE_PDL:  # engine/pdl.py
@@ -168,7 +162,7 @@ def _paged_attention_kernel(
         block_tables_ptr, cu_seqlens_q_ptr, context_lens_ptr, scale, stride_qt, stride_qh,
         stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_ot, stride_oh, stride_bt,
         stride_ps, stride_pt, stride_ph, SPLIT_LEN, GROUP, HEAD_DIM, BLOCK_D, BLOCK_SIZE, BLOCK_N, BLOCK_Q, BLOCK_M,
-        DOT_PRECISION, PROGRAMS, DIRECT, FILL_STEP,
+        DOT_PRECISION, PROGRAMS, DIRECT,
     )
 
 
@@ -186,9 +180,6 @@ MAX_FILL_SPLITS = 16  # with split_len None: ranges per tile at most
 # in batches: 15.7 against 9.1 us at one 4096-token context, 66 against 34 at 8, 35 against 19 at 32
 # sequences of 768 (bench/results/gpu_draft_forward_attn_launch.json, tune_attention_draft.json).
 BLOCK_N = 128
-# With ranges that fill the GPU (split_len None), a range is a multiple of this many keys, not of a loop
-# step: at a 192-token context 12 ranges of 16 keys, not 2 of 128 (its one step masks the keys past it).
-FILL_STEP = 16
 COMBINE_BLOCK_S = 16  # ranges the combine loads at once (a fixed number: the sum's order must not vary)
 
 
@@ -244,7 +235,6 @@ def paged_attention_triton(
     num_stages: int = 3,
     split_len: int | None = None,  # keys per range, one constant per engine; None: fill the GPU (see the module doc)
     programs_per_tile: int | None = None,  # None: enough to fill the GPU; never changes the result
-    fill_step: int = FILL_STEP,  # split_len None: keys a range is a multiple of
 ) -> torch.Tensor:  # [T, num_heads, head_dim]
     """Asserting host wrapper: every shape, dtype and stride is checked before launch."""
     num_tokens, num_heads, head_dim = q.shape
@@ -278,7 +268,7 @@ def paged_attention_triton(
         BLOCK_SIZE=block_size, BLOCK_N=block_n, BLOCK_Q=plan.block_q, BLOCK_M=plan.block_m,
         # float32 models stay exact float32 (no TF32), so greedy output matches the reference
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        PROGRAMS=plan.programs, DIRECT=plan.max_splits == 1, FILL_STEP=fill_step,
+        PROGRAMS=plan.programs, DIRECT=plan.max_splits == 1,
         num_warps=num_warps, num_stages=num_stages, **pdl.launch_options(q.device),
     )
     return out if plan.max_splits == 1 else combine_splits(part_out, part_lse, batch.positions, split_len or 0, out)

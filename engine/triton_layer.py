@@ -41,7 +41,7 @@ from engine import pdl
 from engine.batch import ForwardBatch
 from engine.linear import weight_and_scale
 from engine.llama import DecoderLayer, Rotary
-from engine.triton_attention import BLOCK_N as ATTENTION_BLOCK_N, COMBINE_BLOCK_S, FILL_STEP, AttentionPlan, attention_tile, combine_tile
+from engine.triton_attention import BLOCK_N as ATTENTION_BLOCK_N, COMBINE_BLOCK_S, AttentionPlan, attention_tile, combine_tile
 from engine.triton_linear import BLOCK_M, LaunchConfig, launch_config, product_tile
 from engine.triton_norm import rms_norm_row
 from engine.triton_rope import qkv_rope_block_n, qkv_rope_strip
@@ -87,7 +87,7 @@ def _layer_kernel(
     DOWN_BN: tl.constexpr, DOWN_BK: tl.constexpr, DOWN_SPLIT: tl.constexpr, DOWN_BIAS: tl.constexpr,
     DOWN_INT8: tl.constexpr,
     ATT_BLOCK_N: tl.constexpr, ATT_BLOCK_Q: tl.constexpr, ATT_BLOCK_M: tl.constexpr, ATT_Q_TILES: tl.constexpr,
-    ATT_PROGRAMS: tl.constexpr, ATT_SPLITS: tl.constexpr, ATT_FILL_STEP: tl.constexpr, COMBINE_S: tl.constexpr,
+    ATT_PROGRAMS: tl.constexpr, ATT_SPLITS: tl.constexpr, COMBINE_S: tl.constexpr,
     BLOCK_M: tl.constexpr, DOT_PRECISION: tl.constexpr, STAGE: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     if USE_PDL:  # engine/pdl.py
@@ -130,7 +130,7 @@ def _layer_kernel(
                 BLOCK_SIZE * kv_row, kv_row, HEAD_DIM, BLOCK_SIZE * kv_row, kv_row, HEAD_DIM,
                 NUM_HEADS * HEAD_DIM, HEAD_DIM, stride_bt, stride_ps, NUM_HEADS * HEAD_DIM, HEAD_DIM,
                 0, GROUP, HEAD_DIM, BLOCK_D, BLOCK_SIZE, ATT_BLOCK_N, ATT_BLOCK_Q, ATT_BLOCK_M, DOT_PRECISION,
-                ATT_PROGRAMS, DIRECT, ATT_FILL_STEP,
+                ATT_PROGRAMS, DIRECT,
             )
     if not DIRECT:
         if ALL:
@@ -246,8 +246,7 @@ def layer_forward(layer: DecoderLayer, hidden: torch.Tensor, rotary: Rotary, k_c
         DOWN_BN=down.block_n, DOWN_BK=down.block_k, DOWN_SPLIT=down.split_k, DOWN_BIAS=layer.down_proj.bias is not None,
         DOWN_INT8=_is_int8(layer.down_proj),
         ATT_BLOCK_N=ATTENTION_BLOCK_N, ATT_BLOCK_Q=plan.block_q, ATT_BLOCK_M=plan.block_m, ATT_Q_TILES=plan.q_tiles,
-        ATT_PROGRAMS=plan.programs, ATT_SPLITS=plan.max_splits, ATT_FILL_STEP=FILL_STEP,
-        COMBINE_S=COMBINE_BLOCK_S,
+        ATT_PROGRAMS=plan.programs, ATT_SPLITS=plan.max_splits, COMBINE_S=COMBINE_BLOCK_S,
         BLOCK_M=BLOCK_M, DOT_PRECISION="ieee" if hidden.dtype == torch.float32 else "tf32",
         num_warps=NUM_WARPS, num_stages=NUM_STAGES, **pdl.launch_options(device),
     )

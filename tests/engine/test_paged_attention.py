@@ -8,7 +8,7 @@ import torch
 from engine.attention import paged_attention_reference
 from engine.batch import StepInput, build_forward_batch
 from engine.kv_cache import KVCacheConfig, KVPool
-from engine.triton_attention import FILL_STEP, paged_attention_triton
+from engine.triton_attention import paged_attention_triton
 
 # (new tokens, context length after the step): decode, verify k=4, a prefill chunk after earlier
 # context, a whole prompt crossing several blocks, a verify right at a block boundary
@@ -43,21 +43,18 @@ def _batch_and_inputs(num_heads: int, num_kv_heads: int, head_dim: int, block_si
     ("num_heads", "num_kv_heads", "head_dim", "block_size"),
     [(4, 4, 32, 16), (6, 2, 64, 16), (8, 2, 32, 32), (3, 1, 48, 16)],
 )
-@pytest.mark.parametrize(("split_len", "programs_per_tile", "fill_step"),
-                         [(16, 1, 16), (32, 2, 16), (1024, 1, 16), (None, 3, 16), (None, 5, 4)])
-def test_kernel_matches_reference_fp32(num_heads, num_kv_heads, head_dim, block_size, split_len, programs_per_tile,
-                                       fill_step):
+@pytest.mark.parametrize(("split_len", "programs_per_tile"), [(16, 1), (32, 2), (1024, 1), (None, 3)])
+def test_kernel_matches_reference_fp32(num_heads, num_kv_heads, head_dim, block_size, split_len, programs_per_tile):
     """Interpreted on CPU (CI); compiled, in exact fp32 ("ieee" dots), on a GPU. 16-key ranges give
     the longest context 4 of them, some of a verify's queries see none of a range's keys, and two
     programs per tile take the ranges in turn; 1024 keys is one range, written without a combine; None
-    cuts each tile's keys into a range per program (3), some of them empty for short contexts; with a
-    fill step of 4 keys most ranges (of 8 or 12 keys) end inside a 16-key loop step."""
+    cuts each tile's keys into a range per program (3), some of them empty for short contexts."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
     q, k_cache, v_cache, batch = _batch_and_inputs(num_heads, num_kv_heads, head_dim, block_size, device,
                                                    torch.float32)
     expected = paged_attention_reference(q, k_cache, v_cache, batch, head_dim**-0.5)
     actual = paged_attention_triton(q, k_cache, v_cache, batch, head_dim**-0.5, block_n=16, split_len=split_len,
-                                    programs_per_tile=programs_per_tile, fill_step=fill_step)
+                                    programs_per_tile=programs_per_tile)
     torch.testing.assert_close(actual, expected, atol=1e-5, rtol=1e-5)
 
 
@@ -112,11 +109,9 @@ def test_kernel_matches_reference_bf16_cuda(num_heads, num_kv_heads, head_dim, b
     q, k_cache, v_cache, batch = _batch_and_inputs(num_heads, num_kv_heads, head_dim, block_size, "cuda",
                                                    torch.bfloat16)
     expected = paged_attention_reference(q.float(), k_cache.float(), v_cache.float(), batch, head_dim**-0.5)
-    cuts = [(None, None, FILL_STEP), (None, 1, FILL_STEP), (None, 7, 8), (128, None, FILL_STEP), (128, 1, FILL_STEP),
-            (1024, None, FILL_STEP), (256, 2, FILL_STEP)]  # (split_len, programs a tile, fill step)
-    for split_len, programs, fill_step in cuts:
+    for split_len, programs in ((None, None), (None, 1), (128, None), (128, 1), (1024, None), (256, 2)):
         actual = paged_attention_triton(q, k_cache, v_cache, batch, head_dim**-0.5, split_len=split_len,
-                                        programs_per_tile=programs, fill_step=fill_step)
+                                        programs_per_tile=programs)
         torch.testing.assert_close(actual.float(), expected, atol=2e-2, rtol=2e-2)
 
 
