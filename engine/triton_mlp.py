@@ -27,6 +27,7 @@ MAX_ROWS = 4
 BLOCK_I = 16  # intermediate columns a program (the chain's gate/up strip: 32 interleaved rows)
 GROUP = 16  # programs a first-level sum
 NUM_WARPS, NUM_STAGES = 4, 3
+SUM_ELEMENTS = 8192  # floats a load of the sums (64 a thread at 4 warps)
 
 
 @triton.jit
@@ -36,7 +37,8 @@ def _fused_mlp_kernel(
     NUM_PROGRAMS: tl.constexpr, NUM_GROUPS: tl.constexpr, GROUP: tl.constexpr,
     GU_INT8: tl.constexpr, DOWN_INT8: tl.constexpr, EVEN_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr,
-    ROWS: tl.constexpr, DOT_PRECISION: tl.constexpr, USE_PDL: tl.constexpr,
+    ROWS: tl.constexpr, SUM_H: tl.constexpr, GROUPS_P2: tl.constexpr, TOP_H: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     if USE_PDL:  # engine/pdl.py
         tl.extra.cuda.gdc_wait()
@@ -70,28 +72,31 @@ def _fused_mlp_kernel(
     members = tl.minimum(GROUP, NUM_PROGRAMS - first)
     arrived = tl.atomic_add(count_ptr + group, 1, sem="acq_rel")
     if arrived == members - 1:
-        r = tl.arange(0, ROWS)
-        slot = r[:, None] * H + cols[None, :]
-        mask = (r < M)[:, None]
-        for n0 in range(0, H, BLOCK_H):
-            total = tl.zeros([ROWS, BLOCK_H], dtype=tl.float32)
-            for member in range(first, first + members):  # from L2 (.cg), where the others' stores are
-                total += tl.load(part_ptr + member * M * H + n0 + slot, mask=mask, other=0.0, cache_modifier=".cg")
-            tl.store(group_ptr + group * M * H + n0 + slot, total, mask=mask)
+        slots = tl.arange(0, GROUP)
+        sum_cols = tl.arange(0, SUM_H)
+        for r in tl.static_range(ROWS):  # a [GROUP, SUM_H] tile a load, from L2 (.cg), where the others' stores are
+            for n0 in range(0, H, SUM_H):
+                tile = tl.load(part_ptr + (first + slots)[:, None] * M * H + r * H + n0 + sum_cols[None, :],
+                               mask=(slots < members)[:, None] & (sum_cols * 0 + r < M)[None, :], other=0.0, cache_modifier=".cg")
+                tl.store(group_ptr + group * M * H + r * H + n0 + sum_cols, tl.sum(tile, axis=0),
+                         mask=sum_cols * 0 + r < M)
         tl.atomic_xchg(count_ptr + group, 0)  # zeroed for the next launch
         tl.debug_barrier()
         done = tl.atomic_add(count_ptr + NUM_GROUPS, 1, sem="acq_rel")
         if done == NUM_GROUPS - 1:
-            for n0 in range(0, H, BLOCK_H):
-                total = tl.zeros([ROWS, BLOCK_H], dtype=tl.float32)
-                for g in range(NUM_GROUPS):
-                    total += tl.load(group_ptr + g * M * H + n0 + slot, mask=mask, other=0.0, cache_modifier=".cg")
-                if DOWN_INT8:
-                    total *= tl.load(sd_ptr + n0 + cols).to(tl.float32)[None, :]
-                res = tl.load(res_ptr + r[:, None] * stride_rm + n0 + cols[None, :], mask=mask, other=0.0)
-                y = total.to(dtype).to(tl.float32) + res.to(tl.float32)  # rounded as the unfused add
-                tl.store(out_ptr + r[:, None] * stride_om + n0 + cols[None, :], y.to(out_ptr.dtype.element_ty),
-                         mask=mask)
+            groups = tl.arange(0, GROUPS_P2)
+            top_cols = tl.arange(0, TOP_H)
+            for r in tl.static_range(ROWS):
+                for n0 in range(0, H, TOP_H):
+                    tile = tl.load(group_ptr + groups[:, None] * M * H + r * H + n0 + top_cols[None, :],
+                                   mask=(groups < NUM_GROUPS)[:, None] & (top_cols * 0 + r < M)[None, :], other=0.0, cache_modifier=".cg")
+                    total = tl.sum(tile, axis=0)
+                    if DOWN_INT8:
+                        total *= tl.load(sd_ptr + n0 + top_cols).to(tl.float32)
+                    row_mask = top_cols * 0 + r < M
+                    res = tl.load(res_ptr + r * stride_rm + n0 + top_cols, mask=row_mask, other=0.0)
+                    y = total.to(dtype).to(tl.float32) + res.to(tl.float32)  # rounded as the unfused add
+                    tl.store(out_ptr + r * stride_om + n0 + top_cols, y.to(out_ptr.dtype.element_ty), mask=row_mask)
             tl.atomic_xchg(count_ptr + NUM_GROUPS, 0)
 
 
@@ -124,6 +129,11 @@ def fused_mlp(
     num_programs = inter // block_i
     num_groups = triton.cdiv(num_programs, group)
     assert counters.dtype == torch.int32 and counters.numel() > num_groups
+    assert group == triton.next_power_of_2(group), f"group {group} is not a power of two"
+    groups_p2 = triton.next_power_of_2(num_groups)
+    # the sums load [slots, columns] tiles of SUM_ELEMENTS floats, columns a power of two dividing H
+    sum_h = next(b for b in (2048, 1024, 512, 256, 128, 64, 32, 16) if hidden % b == 0 and b * group <= SUM_ELEMENTS)
+    top_h = next(b for b in (2048, 1024, 512, 256, 128, 64, 32, 16) if hidden % b == 0 and b * groups_p2 <= SUM_ELEMENTS)
     part = torch.empty((num_programs, m, hidden), dtype=torch.float32, device=x.device)
     group_part = torch.empty((num_groups, m, hidden), dtype=torch.float32, device=x.device)
     out = torch.empty_like(residual)
@@ -134,6 +144,7 @@ def fused_mlp(
         NUM_PROGRAMS=num_programs, NUM_GROUPS=num_groups, GROUP=group,
         GU_INT8=gate_up.dtype == torch.int8, DOWN_INT8=down_t.dtype == torch.int8, EVEN_K=hidden % block_k == 0,
         BLOCK_M=BLOCK_M, BLOCK_I=block_i, BLOCK_K=block_k, BLOCK_H=block_h, ROWS=max(2, triton.next_power_of_2(m)),
+        SUM_H=sum_h, GROUPS_P2=groups_p2, TOP_H=top_h,
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
         num_warps=NUM_WARPS, num_stages=NUM_STAGES, **pdl.launch_options(x.device),
     )

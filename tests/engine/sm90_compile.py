@@ -81,7 +81,8 @@ def main() -> None:
     for down_int8 in (False, True):  # Llama-3.2-1B's MLP, int8 gate/up, 2 rows
         size = compile_sm90(triton_mlp._fused_mlp_kernel, mlp | ({"wd_ptr": "*i8"} if down_int8 else {}), dict(
             NUM_PROGRAMS=512, NUM_GROUPS=32, GROUP=16, GU_INT8=True, DOWN_INT8=down_int8, EVEN_K=True, BLOCK_M=16,
-            BLOCK_I=16, BLOCK_K=256, BLOCK_H=256, ROWS=2, DOT_PRECISION="tf32", USE_PDL=True))
+            BLOCK_I=16, BLOCK_K=256, BLOCK_H=256, ROWS=2, SUM_H=512, GROUPS_P2=32, TOP_H=256, DOT_PRECISION="tf32",
+            USE_PDL=True))
         print(f"fused_mlp down_int8={down_int8}: {size}")
     step = {"token_ptr": "*i64", "base_ptr": "*i64", "tables_ptr": "*i32", "ids_ptr": "*i64", "positions_ptr": "*i64",
             "slots_ptr": "*i64", "context_ptr": "*i32"}
