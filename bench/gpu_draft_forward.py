@@ -22,9 +22,6 @@ draft's captured loop at batch 1 and 8 (host sync included). The levers:
   * abnN, awN, asN  the draft attention kernel's keys a tile, warps and pipeline stages (defaults 128,
             4, 3: engine/triton_attention.paged_attention_triton); a draft's attention need not be
             batch-invariant, so any of them may serve
-  * fmlp, fmlp8  the MLP one kernel for steps of up to 4 rows (engine/triton_mlp.py), its down projection
-            in bf16 or int8; `fmbiN`, `fmgN`, `fmwN`, `fmsN` its intermediate columns a program, programs a
-            first-level sum, warps and pipeline stages (engine/triton_mlp.py's defaults)
   * layer    a decoder layer one persistent kernel (engine/triton_layer.py, --layer-kernels layer);
             `layerstaged` the same stages each a launch of its own (no grid barriers); `lpN`, `lwN`, `lsN`
             its programs an SM at most, warps and pipeline stages (engine/triton_layer.py's defaults)
@@ -53,7 +50,6 @@ sys.path[:0] = [str(ROOT), str(ROOT / "bench"), str(ROOT / "tests")]
 
 from engine import model_runner  # noqa: E402
 from engine import draft_loop, fused_stages, pdl, triton_attention, triton_draft_step, triton_layer, triton_linear  # noqa: E402
-from engine import triton_mlp  # noqa: E402
 from engine.batch import StepInput  # noqa: E402
 from engine.cuda_graphs import GraphConfig  # noqa: E402
 from engine.model_runner import ModelRunner, RuntimeConfig  # noqa: E402
@@ -72,7 +68,6 @@ VARIANTS = ["bf16", "bf16_split4", "bf16_pdl_split4", "int8_32k", "int8_32k_spli
             "int8all_32k_pdl_split4_mink2048", "bf16_2", "int8all_32k_pdl_split4_2"]
 MIN_INT8_OUT = model_runner.CUDA_MIN_INT8_OUT_FEATURES
 MAX_FILL_SPLITS = triton_attention.MAX_FILL_SPLITS
-MLP_LAUNCH = {key: getattr(triton_mlp, key) for key in ("BLOCK_I", "GROUP", "NUM_WARPS", "NUM_STAGES")}
 
 
 def settings(name: str) -> dict:
@@ -98,10 +93,6 @@ def settings(name: str) -> dict:
         "layer_launch": {key: int(p.removeprefix(prefix)) for prefix, key in
                          (("lp", "PROGRAMS_PER_SM"), ("lw", "NUM_WARPS"), ("ls", "NUM_STAGES"))
                          for p in parts if p.startswith(prefix) and p.removeprefix(prefix).isdigit()},
-        "fused_mlp": "int8" if "fmlp8" in parts else "bf16" if "fmlp" in parts else "0",
-        "mlp_launch": {key: int(p.removeprefix(prefix)) for prefix, key in
-                       (("fmbi", "BLOCK_I"), ("fmg", "GROUP"), ("fmw", "NUM_WARPS"), ("fms", "NUM_STAGES"))
-                       for p in parts if p.startswith(prefix) and p.removeprefix(prefix).isdigit()},
         "skip_norm": "skipnorm" in parts,
         "skip_attention": "skipattn" in parts,
     }
@@ -113,9 +104,6 @@ def build(hf, setting: dict) -> ModelRunner:
     triton_linear.SPLIT_K, triton_linear.SPLIT_K_MIN_K = setting["split_k"], setting["split_k_min_k"]
     model_runner.CUDA_MIN_INT8_OUT_FEATURES = setting["min_int8_out"]
     triton_attention.MAX_FILL_SPLITS = setting["attention_splits"]  # read at each launch, so at capture
-    fused_stages.FUSED_MLP = setting["fused_mlp"]  # read as the runner's stages are made
-    for key, value in {**MLP_LAUNCH, **setting["mlp_launch"]}.items():  # read at each launch, so at capture
-        setattr(triton_mlp, key, value)
     full_head = hf.lm_head
     if setting["head_rows"]:  # a fresh one: quantizing replaces the head's own rows
         hf.lm_head = SubsetLMHead(full_head.weight, torch.arange(setting["head_rows"]))

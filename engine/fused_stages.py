@@ -36,12 +36,11 @@ import torch
 from torch import nn
 
 from engine.batch import ForwardBatch
-from engine.linear import Int8Linear, weight_and_scale
+from engine.linear import weight_and_scale
 from engine.llama import AttentionFn, CausalLM, DecoderLayer, LayerStages, Rotary
 from engine.subset_head import SubsetLMHead
 from engine.triton_layer import check_every_sm_is_ours, layer_barrier, layer_forward, layer_supported
 from engine.triton_linear import skinny_linear, split_counters
-from engine.triton_mlp import MAX_ROWS as MLP_MAX_ROWS, fused_mlp
 from engine.triton_norm import rms_norm_triton
 from engine.triton_rope import qkv_rope_and_write_kv, qkv_rope_block_n, rope_and_write_kv
 
@@ -53,9 +52,6 @@ CPU_MAX_ROWS = 16
 # the logits' bits the same in each.
 QKV_ROPE = os.environ.get("SPECDEC_QKV_ROPE", "1") != "0"
 AUTO_MAX_ROWS = 16  # one row tile of the skinny linear (engine/triton_linear.py)
-# Steps of up to triton_mlp.MAX_ROWS rows run the MLP as one kernel (engine/triton_mlp.py), its down
-# projection transposed in bf16 ("bf16") or int8 ("int8"); "0": the two products. SPECDEC_FUSED_MLP.
-FUSED_MLP = os.environ.get("SPECDEC_FUSED_MLP", "0")
 
 
 class FusedStages(LayerStages):
@@ -74,19 +70,6 @@ class FusedStages(LayerStages):
         if layer_kernel and device.type == "cuda":
             check_every_sm_is_ours()
         self.layer_barrier = layer_barrier(device) if layer_kernel else None
-        self.fused_mlp = FUSED_MLP
-
-    def prepare(self, model: CausalLM) -> None:
-        """The layers' transposed down projections, for the fused MLP."""
-        if self.fused_mlp == "0":
-            return
-        for layer in model.layers:
-            down = layer.down_proj
-            if self.fused_mlp == "int8" and not isinstance(down, Int8Linear):
-                down = Int8Linear(down)
-            weight, scale = weight_and_scale(down)
-            layer.register_buffer("down_t", weight.t().contiguous(), persistent=False)
-            layer.down_t_scale = scale
 
     def forward_layer(self, layer: DecoderLayer, hidden: torch.Tensor, rotary: Rotary, k_cache: torch.Tensor,
                       v_cache: torch.Tensor, batch: ForwardBatch, attention: AttentionFn) -> torch.Tensor:
@@ -112,10 +95,6 @@ class FusedStages(LayerStages):
             return super().attention_output(layer, hidden, attn)
         hidden = self._product(attn.flatten(1), layer.o_proj, residual=hidden)
         x = rms_norm_triton(hidden, layer.post_attention_norm, layer.eps)
-        if self.fused_mlp != "0" and hidden.shape[0] <= MLP_MAX_ROWS and layer.down_proj.bias is None \
-                and layer.gate_up.bias is None:
-            counters = self.counters if self.counters is not None else split_counters(hidden.device)
-            return fused_mlp(x, *weight_and_scale(layer.gate_up), layer.down_t, layer.down_t_scale, hidden, counters)
         act = self._product(x, layer.gate_up, silu_mul=True)
         return self._product(act, layer.down_proj, residual=hidden)
 

@@ -211,7 +211,6 @@ class CausalLM(nn.Module):
         from engine.fused_stages import FusedStages  # needs triton, only here
 
         self.stages = FusedStages(self.stages, max_rows, self.embed_tokens.weight.device, layer_kernel)
-        self.stages.prepare(self)
 
     @contextmanager
     def fallback_stages(self) -> Iterator[None]:

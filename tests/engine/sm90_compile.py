@@ -14,9 +14,7 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from engine import (  # noqa: E402
-    triton_attention, triton_draft_step, triton_layer, triton_linear, triton_mlp, triton_norm, triton_rope,
-)
+from engine import triton_attention, triton_draft_step, triton_layer, triton_linear, triton_norm, triton_rope  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
 BF16 = "*bf16"
@@ -76,14 +74,6 @@ def main() -> None:
             GU_BN=32, GU_BK=256, GU_BIAS=False, GU_INT8=True, DOWN_BN=16, DOWN_BK=256, DOWN_SPLIT=4, DOWN_BIAS=False,
             DOWN_INT8=False, ATT_BLOCK_N=128, ATT_BLOCK_Q=1, ATT_BLOCK_M=16, ATT_Q_TILES=1, ATT_PROGRAMS=splits,
             ATT_SPLITS=splits, COMBINE_S=16, BLOCK_M=16, DOT_PRECISION="tf32", STAGE=-1, USE_PDL=True)))
-    mlp = {n: BF16 for n in ("x_ptr", "wgu_ptr", "sgu_ptr", "wd_ptr", "sd_ptr", "res_ptr", "out_ptr")} | \
-        {"wgu_ptr": "*i8", "part_ptr": "*fp32", "group_ptr": "*fp32", "count_ptr": "*i32"}
-    for down_int8 in (False, True):  # Llama-3.2-1B's MLP, int8 gate/up, 2 rows
-        size = compile_sm90(triton_mlp._fused_mlp_kernel, mlp | ({"wd_ptr": "*i8"} if down_int8 else {}), dict(
-            NUM_PROGRAMS=512, NUM_GROUPS=32, GROUP=16, GU_INT8=True, DOWN_INT8=down_int8, EVEN_K=True, BLOCK_M=16,
-            BLOCK_I=16, BLOCK_K=256, BLOCK_H=256, ROWS=2, SUM_H=512, GROUPS_P2=32, TOP_H=256, DOT_PRECISION="tf32",
-            USE_PDL=True))
-        print(f"fused_mlp down_int8={down_int8}: {size}")
     step = {"token_ptr": "*i64", "base_ptr": "*i64", "tables_ptr": "*i32", "ids_ptr": "*i64", "positions_ptr": "*i64",
             "slots_ptr": "*i64", "context_ptr": "*i32"}
     print("draft_step:", compile_sm90(triton_draft_step._advance_kernel, step, dict(BLOCK_SIZE=16, BLOCK_B=8, USE_PDL=True)))
