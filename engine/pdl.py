@@ -26,7 +26,8 @@ def from_env(default: bool) -> bool:
 
 # Off unless SPECDEC_PDL=1, the target's default: it cuts graph replays (bench/results/gpu_pdl.json: 8B
 # decode 4.41 -> 4.25 ms), but the trio end to end did not gain (gpu_e2e_pdl_ab_{off,on}.json: 277 vs
-# 269 tok/s at alpha 0.8, k 4, batch 1, both services with it, one run each). The draft service turns
+# 269 tok/s at alpha 0.8, k 4, batch 1, both services with it, one run each; again with the services
+# pinned, gpu_e2e_target_pdl{0,1}.json: 363.5 vs 361.6, a verify 4.70 vs 4.86 ms). The draft service turns
 # it on (draft_service/cli.py): a 1B decode replay 1.084 -> 1.007 ms, int8 with a 32k head 0.908 ->
 # 0.833, a k = 4 proposal 5.22 -> 4.77 and 4.39 -> 4.00 ms (bench/results/gpu_draft_forward.json).
 ENABLED = from_env(default=False)
