@@ -61,16 +61,7 @@ def launch_us(replay, iters: int = 200) -> tuple[float, float]:
 
 def chain_graph(x: torch.Tensor, kernels: int, pdl: bool, pool) -> torch.cuda.CUDAGraph:
     options = {"USE_PDL": True, "launch_pdl": True} if pdl else {"USE_PDL": False}
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        _bump[(1,)](x, **options)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
-        for _ in range(kernels):
-            _bump[(1,)](x, **options)
-    return graph
+    return capture(lambda: [_bump[(1,)](x, **options) for _ in range(kernels)], pool)[0]
 
 
 def synthetic(kernels: int, counts: list[int]) -> dict[str, float]:
@@ -132,9 +123,7 @@ class FullLoop(DraftLoop):
         super().__init__(runner)
 
     def _capture_all(self) -> None:
-        c = self._config
-        shapes = [(b, q, sampled) for sampled in (False, True) for b in sorted(c.batch_buckets, reverse=True)
-                  for q in sorted(c.first_query_buckets, reverse=True)]
+        shapes = self._shapes()
         if self._order == "smallest_first":
             shapes.reverse()
         for shape in shapes:

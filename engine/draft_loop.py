@@ -206,10 +206,14 @@ class DraftLoop:
         self.num_sequence_steps += k * len(steps)
         return tokens, probs
 
-    def _capture_all(self) -> None:
+    def _shapes(self) -> list[tuple[int, int, bool]]:
+        """Every loop's (batch bucket, first query bucket, sampled), largest first."""
         c = self._config
-        shapes = [(b, q, sampled) for sampled in (False, True) for b in sorted(c.batch_buckets, reverse=True)
-                  for q in sorted(c.first_query_buckets, reverse=True)]
+        return [(b, q, sampled) for sampled in (False, True) for b in sorted(c.batch_buckets, reverse=True)
+                for q in sorted(c.first_query_buckets, reverse=True)]
+
+    def _capture_all(self) -> None:
+        c, shapes = self._config, self._shapes()
         with tqdm(total=len(shapes) * c.max_steps, desc="capturing draft-loop CUDA graphs", unit="graph") as progress:
             for shape in shapes:
                 loop = self._build(*shape)
