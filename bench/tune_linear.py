@@ -7,10 +7,8 @@ the ramp between kernels in a graph. Each configuration runs plain and as the mo
 product (the norm kernel before it, the activation or residual fused after it). Writes
 bench/results/tune_linear.json: per shape and row count, cuBLAS and the best configurations' ms and
 fraction of the measured copy bandwidth, best first; `*` marks the default configuration. `--int8`
-times int8 weights with their row scales (a draft's --quantize int8) against cuBLAS on the bf16 ones;
-`--int4 [--group G]` int4 weights in groups of G (engine/triton_int4.py, a draft's --quantize int4), each
-configuration with both unpackings (`magic`: the bf16 mantissa trick; `cvt`: integer conversion).
-Usage: python bench/tune_linear.py [--rows 1 5] [--shapes 8b_qkv ...] [--int8 | --int4 [--group G]] [--out PATH]
+times int8 weights with their row scales (a draft's --quantize int8) against cuBLAS on the bf16 ones.
+Usage: python bench/tune_linear.py [--rows 1 5] [--shapes 8b_qkv ...] [--int8] [--out PATH]
 """
 from __future__ import annotations
 
@@ -25,9 +23,6 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
-from engine.linear import quantize_int4  # noqa: E402
-from engine.triton_gemv import GemvConfig, gemv  # noqa: E402
-from engine.triton_int4 import Int4Config, int4_linear  # noqa: E402
 from engine.triton_linear import LaunchConfig, launch_config, skinny_linear  # noqa: E402
 from engine.triton_norm import rms_norm_triton  # noqa: E402
 from report import save_report  # noqa: E402
@@ -37,20 +32,15 @@ SHAPES = {  # name: (N, K)
     "8b_qkv": (6144, 4096), "8b_o": (4096, 4096), "8b_gate_up": (28672, 4096), "8b_down": (4096, 14336),
     "8b_lm_head": (128256, 4096),
     "1b_qkv": (3072, 2048), "1b_o": (2048, 2048), "1b_gate_up": (16384, 2048), "1b_down": (2048, 8192),
-    "1b_lm_head": (128256, 2048), "1b_head32k": (32768, 2048),  # a draft's reduced head (--draft-head-rows)
+    "1b_lm_head": (128256, 2048),
 }
 CONFIGS = ([LaunchConfig(bn, bk, w, s) for bn, bk, w, s in itertools.product((32, 64), (128, 256, 512), (4,), (3, 4))]
            # 16 columns a program: twice the programs, for products too narrow to fill the GPU at 32
            # (Llama-3.2-1B's o_proj and down_proj: N = 2048 is 64 programs of 32 on 132 SMs)
            + [LaunchConfig(16, bk, w, s) for bk, w, s in itertools.product((256, 512), (2, 4), (3, 4))])
 INT8_CONFIGS = CONFIGS + [LaunchConfig(bn, 1024, w, s) for bn, w, s in itertools.product((16, 32), (2, 4), (3, 4))]
-INT4_CONFIGS = [Int4Config(bn, w, s, magic=False) for bn, w, s in itertools.product((32, 64), (2, 4), (3, 4))]
-GEMV_CONFIGS = {
-    "int4": [GemvConfig(bn, bk, w, s) for bn, bk, w, s in itertools.product((16, 32, 64), (64, 128), (2, 4, 8), (2, 3, 4))],
-    "int8": [GemvConfig(bn, bk, w, s) for bn, bk, w, s in itertools.product((16, 32, 64), (128, 256), (4, 8), (3, 4))]}
 FUSIONS = {  # what the model fuses into each product (engine/fused_stages.py)
-    "qkv": "rms_norm", "o": "residual", "gate_up": "rms_norm+silu_mul", "down": "residual", "lm_head": "rms_norm",
-    "head32k": "rms_norm"}
+    "qkv": "rms_norm", "o": "residual", "gate_up": "rms_norm+silu_mul", "down": "residual", "lm_head": "rms_norm"}
 # rms_norm: engine/triton_norm.py's kernel runs before the product (it is part of the time)
 
 
@@ -81,12 +71,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 5])
     parser.add_argument("--shapes", nargs="+", default=list(SHAPES))
     parser.add_argument("--int8", action="store_true", help="int8 weights and row scales (engine/linear.Int8Linear)")
-    parser.add_argument("--int4", action="store_true", help="int4 weights in groups (engine/linear.Int4Linear)")
-    parser.add_argument("--group", type=int, default=128, help="--int4's quantization group along K")
     args = parser.parse_args()
-    if args.int4:
-        tune_int4(args)
-        return
     configs = INT8_CONFIGS if args.int8 else CONFIGS
     bandwidth = copy_bandwidth()
     report: dict[str, object] = {"copy_bandwidth_tb_s": bandwidth / 1e12}
@@ -141,51 +126,6 @@ def main() -> None:
         torch.cuda.empty_cache()
     save_report("tune_linear", report, args.out)
 
-
-def tune_int4(args: argparse.Namespace) -> None:
-    """The --int4 sweep, against int8 in the same run: the skinny kernel over int8 rows (its default
-    configuration) and over int4 (engine/triton_int4.py), and the one-row-a-program products of both
-    (engine/triton_gemv.py), each product's fraction of the copy bandwidth on its own bytes (scales in)."""
-    bandwidth = copy_bandwidth()
-    report: dict[str, object] = {"copy_bandwidth_tb_s": bandwidth / 1e12, "group": args.group}
-    for name in args.shapes:
-        n, k = SHAPES[name]
-        silu_mul = "silu" in FUSIONS[name.split("_", 1)[1]]
-        nbytes = {"int4": n * k // 2 + n * (k // args.group) * 2, "int8": n * k + 2 * n}
-        copies = {kind: max(2, -(-(512 << 20) // size)) for kind, size in nbytes.items()}
-        weights = {"int4": [quantize_int4(torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02, args.group)
-                            for _ in range(copies["int4"])],
-                   "int8": [(torch.randint(-127, 128, (n, k), device="cuda", dtype=torch.int8),
-                             torch.full((n,), 2e-4, device="cuda", dtype=torch.bfloat16)) for _ in range(copies["int8"])]}
-        candidates = [("int8_skinny*", "int8", lambda x, w: skinny_linear(x, w[0], scale=w[1], silu_mul=silu_mul))]
-        candidates += [(f"int4_skinny_bn{c.block_n}_w{c.num_warps}_s{c.num_stages}_{'magic' if c.magic else 'cvt'}",
-                        "int4", lambda x, w, c=c: int4_linear(x, *w, silu_mul=silu_mul, config=c)) for c in INT4_CONFIGS]
-        candidates += [(f"{kind}_gemv_bn{c.block_n}_bk{c.block_k}_w{c.num_warps}_s{c.num_stages}", kind,
-                        lambda x, w, c=c: gemv(x, *w, silu_mul=silu_mul, config=c))
-                       for kind, configs in GEMV_CONFIGS.items() for c in configs]
-        for rows in args.rows:
-            x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
-            results = {}
-            for label, kind, product in candidates:
-                try:
-                    ms = graph_ms_per_call(lambda i: product(x, weights[kind][i]), copies[kind])
-                except Exception as error:  # noqa: BLE001 - a configuration that does not compile or fit
-                    print(f"{name} rows={rows} {label}: {type(error).__name__}", file=sys.stderr)
-                    continue
-                results[label] = (ms, kind)
-            ranked = sorted(results.items(), key=lambda item: item[1][0])
-            best = {}  # the best of each kernel and weight kind, and int8's default
-            for label, value in ranked:
-                family = label.split("_bn")[0]
-                best.setdefault(family, (label, value))
-            entry = {label: {"ms": round(ms * 1e3, 2) / 1e3, "bw": round(nbytes[kind] / (ms / 1e3) / bandwidth, 3)}
-                     for label, (ms, kind) in [*ranked[:5], *best.values()]}
-            report[f"{name}_rows{rows}"] = entry
-            print(f"{name} rows={rows}: " + ", ".join(f"{label} {v['ms'] * 1e3:.1f}us {v['bw']}"
-                                                     for label, v in entry.items()), flush=True)
-        weights = None
-        torch.cuda.empty_cache()
-    save_report("tune_linear_int4", report, args.out)
 
 if __name__ == "__main__":
     main()

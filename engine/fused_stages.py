@@ -14,8 +14,7 @@ Per layer, seven kernels around attention instead of a dozen:
 
 and the LM head as two more (final norm, product; a draft's reduced head, engine/subset_head.py,
 its rows' product placed into the vocabulary). A draft's int8 linears (--quantize int8,
-engine/linear.Int8Linear) go through the same kernels, which read their int8 rows; its int4 ones
-(--quantize int4) through engine/triton_int4.py's (a bias or residual then added by PyTorch ops). These kernels
+engine/linear.Int8Linear) go through the same kernels, which read their int8 rows. These kernels
 compute a row as if it were alone, and with them the engine fixes attention's key ranges
 (engine/triton_attention.py), so a token's logits are the same bits in a decode, a verify, or any
 batch around it.
@@ -38,9 +37,8 @@ from torch import nn
 
 from engine.batch import ForwardBatch
 from engine.linear import weight_and_scale
-from engine.llama import AttentionFn, CausalLM, DecoderLayer, LayerStages, Rotary, silu_mul_interleaved
+from engine.llama import AttentionFn, CausalLM, DecoderLayer, LayerStages, Rotary
 from engine.subset_head import SubsetLMHead
-from engine.triton_int4 import int4_linear
 from engine.triton_layer import check_every_sm_is_ours, layer_barrier, layer_forward, layer_supported
 from engine.triton_linear import skinny_linear, split_counters
 from engine.triton_norm import rms_norm_triton
@@ -87,7 +85,7 @@ class FusedStages(LayerStages):
         x = rms_norm_triton(hidden, layer.input_norm, layer.eps)
         weight, scale = weight_and_scale(layer.qkv)
         tables = (rotary.cos_table, rotary.sin_table, rotary.positions)  # the kernels read the rows themselves
-        if QKV_ROPE and weight.dtype != torch.uint8 and qkv_rope_block_n(weight, layer.shape, int8=scale is not None) is not None:
+        if QKV_ROPE and qkv_rope_block_n(weight, layer.shape, int8=scale is not None) is not None:
             return qkv_rope_and_write_kv(x, weight, layer.qkv.bias, *tables, k_cache, v_cache, slot_mapping,
                                          layer.shape, scale=scale)
         return rope_and_write_kv(self._product(x, layer.qkv), *tables, k_cache, v_cache, slot_mapping, layer.shape)
@@ -125,19 +123,5 @@ class FusedStages(LayerStages):
     def _product(self, x: torch.Tensor, linear: nn.Module, **epilogue: object) -> torch.Tensor:
         """`linear`'s product through the skinny kernel."""
         weight, scale = weight_and_scale(linear)
-        if weight.dtype == torch.uint8:  # int4 (engine/linear.Int4Linear)
-            return _int4_product(x, weight, scale, linear.bias, **epilogue)
         return skinny_linear(x, weight, linear.bias, scale=scale, counters=self.counters, **epilogue)
-
-
-def _int4_product(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None,
-                  silu_mul: bool = False, residual: torch.Tensor | None = None) -> torch.Tensor:
-    """skinny_linear's epilogues over int4 weights: the kernel fuses silu_mul; a bias (before it) or a
-    residual (after rounding) are ops of their own, rounded as skinny_linear_reference's."""
-    if bias is None:
-        out = int4_linear(x, qweight, scale, silu_mul=silu_mul)
-    else:
-        out = int4_linear(x, qweight, scale, out_dtype=torch.float32) + bias.float()
-        out = silu_mul_interleaved(out.to(x.dtype)) if silu_mul else out.to(x.dtype)
-    return out if residual is None else residual + out
 

@@ -75,50 +75,10 @@ class Int8Linear(nn.Module):
         return out if self.bias is None else out + self.bias
 
 
-class Int4Linear(nn.Module):
-    """Weight-only int4 in groups of `group` along K (one scale a row and group, symmetric, rounded to
-    nearest), for drafts: a quarter of bfloat16's bytes. Packed as engine/triton_int4.py reads it (its
-    module doc). Only for drafts, as Int8Linear: the target verifies every token.
-
-    On CUDA the graph steps' fused kernels read the packed bytes (engine/triton_int4.py); every other
-    product (CPU, prefill chunks) multiplies the dequantized weight, made for the product and dropped
-    after it.
-    """
-
-    def __init__(self, layer: nn.Module, group: int) -> None:
-        super().__init__()
-        qweight, scale = quantize_int4(layer.weight.detach(), group)
-        self.register_buffer("qweight", qweight)
-        self.register_buffer("scale", scale)
-        self.bias = layer.bias
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, dequantize_int4(self.qweight, self.scale, x.dtype), self.bias)
-
-
-def quantize_int4(weight: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """[N, K] weights -> (uint8 [N, K / 2] packed nibbles, [N, K / group] scales in weight's dtype)."""
-    n, k = weight.shape
-    if k % (2 * group):
-        raise ValueError(f"int4 groups of {group} must divide each half of K = {k}")
-    w = weight.float().view(n, k // group, group)
-    scale = (w.abs().amax(dim=2) / 7).clamp_min(1e-12).to(weight.dtype)
-    q = (w / scale.float()[:, :, None]).round().clamp(-8, 7).view(n, k).to(torch.int16) + 8
-    return (q[:, : k // 2] | (q[:, k // 2:] << 4)).to(torch.uint8), scale
-
-
-def dequantize_int4(qweight: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """quantize_int4's packed nibbles and scales -> [N, K] weights in `dtype`."""
-    n, half = qweight.shape
-    q = torch.cat([qweight & 15, qweight >> 4], dim=1).float() - 8
-    group = 2 * half // scale.shape[1]
-    return (q.view(n, -1, group) * scale.float()[:, :, None]).view(n, 2 * half).to(dtype)
-
-
 def weight_and_scale(linear: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
     """What the Triton products read of a linear: an nn.Linear's weight, or an Int8Linear's int8 rows
-    and their scales (an Int4Linear's packed uint8 bytes and their [N, K / G] scales)."""
-    if isinstance(linear, Int8Linear | Int4Linear):
+    and their scales."""
+    if isinstance(linear, Int8Linear):
         return linear.qweight, linear.scale
     return linear.weight, None
 
@@ -147,26 +107,6 @@ def quantize_int8(module: nn.Module, min_out_features: int = 0) -> None:
                 setattr(module, name, Int8Linear(child))
         else:
             quantize_int8(child, min_out_features)
-
-
-INT4_GROUPS = (128, 64, 32, 16)  # the widest that splits each half of a linear's K into whole groups
-
-
-def int4_group(in_features: int) -> int | None:
-    """The int4 quantization group of a linear with `in_features` inputs; None: it stays as it is."""
-    return next((g for g in INT4_GROUPS if in_features % (2 * g) == 0), None)
-
-
-def quantize_int4_linears(module: nn.Module, min_out_features: int = 0) -> None:
-    """Replaces every linear child of `module` (recursively; nn.Linear or CpuLinear) of at least
-    `min_out_features` outputs, and inputs int4_group takes, with an Int4Linear."""
-    for name, child in module.named_children():
-        if isinstance(child, nn.Linear | CpuLinear):
-            out_features, in_features = child.weight.shape
-            if out_features >= min_out_features and (group := int4_group(in_features)) is not None:
-                setattr(module, name, Int4Linear(child, group))
-        else:
-            quantize_int4_linears(child, min_out_features)
 
 
 def use_cpu_linear(module: nn.Module) -> None:

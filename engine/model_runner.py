@@ -15,7 +15,7 @@ from engine.attention import paged_attention_reference
 from engine.batch import StepInput, build_forward_batch
 from engine.cuda_graphs import CudaGraphRunner, GraphConfig
 from engine.kv_cache import KVCacheConfig, KVPool
-from engine.linear import CUDA_MIN_INT8_OUT_FEATURES, quantize_int4_linears, quantize_int8, use_cpu_linear
+from engine.linear import CUDA_MIN_INT8_OUT_FEATURES, quantize_int8, use_cpu_linear
 from engine.llama import AttentionFn, CausalLM
 from engine.model_source import LoadedModel, default_cache_dir, load_pretrained
 from engine.tokenizer_info import eos_token_ids, tokenizer_fingerprint
@@ -24,7 +24,6 @@ from specdec.errors import InvalidRequestError
 log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-QUANTIZE = ("none", "int8", "int4")
 
 
 @dataclass(frozen=True)
@@ -47,9 +46,7 @@ class RuntimeConfig:
     layer_kernels: str = "auto"
     use_cuda_graphs: bool = True  # decode/verify steps replay captured graphs (CUDA only)
     use_compile: bool = True  # torch.compile each layer's element-wise stages (CUDA only)
-    # "int8": weight-only int8 linears, for drafts (engine/linear.Int8Linear); "int4": int4 in groups
-    # (engine/linear.Int4Linear); on CUDA either takes the wide products only (CUDA_MIN_INT8_OUT_FEATURES)
-    quantize: str = "none"
+    quantize: str = "none"  # "int8": weight-only int8 linears, for drafts (engine/linear.Int8Linear)
     max_batch_size: int = 64  # sequences a forward steps at most: CUDA graphs are captured up to its bucket
     cache_dir: Path = field(default_factory=default_cache_dir)
 
@@ -64,8 +61,8 @@ class RuntimeConfig:
             raise ValueError("max_model_len must be >= 2")
         if self.max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {self.max_batch_size}")
-        if self.quantize not in QUANTIZE:
-            raise ValueError(f"quantize must be one of {', '.join(QUANTIZE)}, got {self.quantize!r}")
+        if self.quantize not in ("none", "int8"):
+            raise ValueError(f"quantize must be 'none' or 'int8', got {self.quantize!r}")
         if self.layer_kernels not in ("auto", "fused", "reference", "layer"):
             raise ValueError(f"layer_kernels must be auto, fused, layer or reference, got {self.layer_kernels!r}")
         if self.attention_backend not in ("auto", "triton", "reference"):
@@ -103,12 +100,9 @@ class ModelRunner:
         hf_config = loaded.hf_model.config
         self.max_model_len = _max_model_len(hf_config, config.max_model_len)
         self.model = CausalLM(loaded.hf_model, self.max_model_len + POSITION_HEADROOM)
-        min_out_features = CUDA_MIN_INT8_OUT_FEATURES if device.type == "cuda" else 0  # on CUDA the wide products
-        if config.quantize == "int8":  # engine/linear.Int8Linear
-            quantize_int8(self.model, min_out_features)
-        elif config.quantize == "int4":  # engine/linear.Int4Linear
-            quantize_int4_linears(self.model, min_out_features)
-        if config.quantize != "int8" and device.type == "cpu":
+        if config.quantize == "int8":  # engine/linear.Int8Linear: on CUDA the wide products only
+            quantize_int8(self.model, CUDA_MIN_INT8_OUT_FEATURES if device.type == "cuda" else 0)
+        elif device.type == "cpu":
             use_cpu_linear(self.model)  # few-row forwards (verify, catch-up) in MKL's fast form: engine/linear.py
         self.tokenizer = loaded.tokenizer
         shape = self.model.shape
@@ -139,8 +133,8 @@ class ModelRunner:
         elif config.layer_kernels in ("auto", "layer") and device.type == "cuda":
             from engine.fused_stages import AUTO_MAX_ROWS  # needs triton, only here
 
-            # quantized weights: every graph step (outside them a product dequantizes its whole weight first)
-            self.model.use_fused_kernels(max_rows=None if config.quantize != "none" else AUTO_MAX_ROWS,
+            # int8 weights: every graph step (outside them a product dequantizes its whole weight first)
+            self.model.use_fused_kernels(max_rows=None if config.quantize == "int8" else AUTO_MAX_ROWS,
                                          layer_kernel=config.layer_kernels == "layer")
         if config.use_cuda_graphs and device.type == "cuda":
             self.graphs = CudaGraphRunner(self.model, self.kv, self.attention, self.max_model_len, self._graph_config,

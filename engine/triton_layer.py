@@ -191,10 +191,7 @@ def layer_supported(layer: DecoderLayer) -> bool:
     shape = layer.shape
     weight, _ = weight_and_scale(layer.qkv)
     hidden, inter = weight.shape[1], weight_and_scale(layer.down_proj)[0].shape[1]
-    linears = (layer.qkv, layer.o_proj, layer.gate_up, layer.down_proj)
-    if any(weight_and_scale(linear)[0].dtype == torch.uint8 for linear in linears):  # int4: not in the layer kernel
-        return False
-    configs = [_config(linear) for linear in linears[1:]]
+    configs = [_config(linear) for linear in (layer.o_proj, layer.gate_up, layer.down_proj)]
     return (qkv_rope_block_n(weight, shape, int8=_is_int8(layer.qkv)) is not None
             and shape.head_dim == triton.next_power_of_2(shape.head_dim)
             and hidden == triton.next_power_of_2(hidden)

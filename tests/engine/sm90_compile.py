@@ -14,8 +14,7 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from engine import (  # noqa: E402
-    triton_attention, triton_draft_step, triton_gemv, triton_int4, triton_layer, triton_linear, triton_norm, triton_rope)
+from engine import triton_attention, triton_draft_step, triton_layer, triton_linear, triton_norm, triton_rope  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
 BF16 = "*bf16"
@@ -38,16 +37,6 @@ def main() -> None:
             SPLIT_K=split, SILU_MUL=silu, HAS_BIAS=False, HAS_RESIDUAL=not silu, HAS_SCALE=int8, EVEN_K=True,
             EVEN_N=True, BLOCK_M=16, BLOCK_N=16, BLOCK_K=256, DOT_PRECISION="tf32", USE_PDL=True))
         print(f"skinny_linear split={split} silu_mul={silu} int8={int8}: {size}")
-    int4 = {"x_ptr": BF16, "w_ptr": "*u8", "scale_ptr": BF16, "out_ptr": BF16}
-    for silu, magic in ((True, True), (False, False)):
-        size = compile_sm90(triton_int4._int4_linear_kernel, int4, dict(
-            SILU_MUL=silu, GROUP=128, MAGIC=magic, BLOCK_M=16, BLOCK_N=32, DOT_PRECISION="tf32", USE_PDL=True))
-        print(f"int4_linear silu_mul={silu} magic={magic}: {size}")
-    for nibbles, silu in ((True, True), (False, False)):
-        size = compile_sm90(triton_gemv._gemv_kernel, int4 | {"w_ptr": "*u8" if nibbles else "*i8"}, dict(
-            INT4=nibbles, GROUP=128 if nibbles else 2048, SILU_MUL=silu, EVEN_N=True, BLOCK_N=16, BLOCK_K=128,
-            USE_PDL=True))
-        print(f"gemv int4={nibbles} silu_mul={silu}: {size}")
     rope = {n: BF16 for n in ("qkv_ptr", "cos_ptr", "sin_ptr", "q_ptr", "k_cache_ptr", "v_cache_ptr")} | \
         {"slot_ptr": "*i64", "pos_ptr": "*i64"}
     for head_dim in (64, 128):
