@@ -27,7 +27,9 @@ draft's captured loop at batch 1 and 8 (host sync included). The levers:
             its programs an SM at most, warps and pipeline stages (engine/triton_layer.py's defaults)
 Timing bounds, not levers (their outputs are wrong): `skipnorm` replaces the fused steps' RMS norms
 by the identity (no kernel), `skipattn` attention and its combine by the queries: what a forward
-would save if those kernels cost nothing on its critical path.
+would save if those kernels cost nothing on its critical path. `skipnormnp`: as skipnorm, and the
+kernel after each skipped norm launched without PDL (it starts when its predecessor has finished, not
+beside it): what folding the norms into the products that follow them could save.
 For the first and the last variant, a kernel census of one decode replay (torch.profiler): kernels,
 the sum of their durations against the replay's time (the rest is gaps between kernels), and the
 costliest. Also whether each variant's decode logits pick the same top token as
@@ -93,7 +95,8 @@ def settings(name: str) -> dict:
         "layer_launch": {key: int(p.removeprefix(prefix)) for prefix, key in
                          (("lp", "PROGRAMS_PER_SM"), ("lw", "NUM_WARPS"), ("ls", "NUM_STAGES"))
                          for p in parts if p.startswith(prefix) and p.removeprefix(prefix).isdigit()},
-        "skip_norm": "skipnorm" in parts,
+        "skip_norm": "skipnorm" in parts or "skipnormnp" in parts,
+        "no_pdl_after_norm": "skipnormnp" in parts,
         "skip_attention": "skipattn" in parts,
     }
 
@@ -124,6 +127,7 @@ def build(hf, setting: dict) -> ModelRunner:
 
 def measure(hf, setting: dict, census: bool, prompt: int) -> tuple[dict[str, float], torch.Tensor, dict]:
     norm, attention_backend, layer = fused_stages.rms_norm_triton, model_runner._attention_backend, fused_stages.layer_forward
+    launch_options = pdl.launch_options
     if setting["layer_staged"]:  # each stage of the layer kernel a launch of its own: no grid barriers
         fused_stages.layer_forward = functools.partial(layer, staged=True)
     launch = {key: getattr(triton_layer, key) for key in setting["layer_launch"]}
@@ -131,6 +135,9 @@ def measure(hf, setting: dict, census: bool, prompt: int) -> tuple[dict[str, flo
         setattr(triton_layer, key, value)
     if setting["skip_norm"]:  # timing bounds (the module doc), read as graphs are captured
         fused_stages.rms_norm_triton = lambda hidden, weight, eps: hidden
+    if setting["no_pdl_after_norm"]:
+        fused_stages.rms_norm_triton = functools.partial(_skipped_norm, after_norm := [False])
+        pdl.launch_options = functools.partial(_options_after_norm, after_norm, launch_options)
     if setting["skip_attention"]:
         model_runner._attention_backend = lambda *args: lambda q, k_cache, v_cache, batch, scale: q
     elif setting["attention_launch"]:
@@ -140,9 +147,21 @@ def measure(hf, setting: dict, census: bool, prompt: int) -> tuple[dict[str, flo
         return _measure(hf, setting, census, prompt)
     finally:
         fused_stages.rms_norm_triton, model_runner._attention_backend = norm, attention_backend
-        fused_stages.layer_forward = layer
+        fused_stages.layer_forward, pdl.launch_options = layer, launch_options
         for key, value in launch.items():
             setattr(triton_layer, key, value)
+
+
+def _skipped_norm(after_norm: list[bool], hidden: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    after_norm[0] = True  # the next kernel launched is the product the norm fed
+    return hidden
+
+
+def _options_after_norm(after_norm: list[bool], launch_options, device: torch.device) -> dict[str, bool]:
+    if after_norm[0]:
+        after_norm[0] = False
+        return {"USE_PDL": False}
+    return launch_options(device)
 
 
 def _measure(hf, setting: dict, census: bool, prompt: int) -> tuple[dict[str, float], torch.Tensor, dict]:
