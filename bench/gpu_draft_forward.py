@@ -95,7 +95,7 @@ def settings(name: str) -> dict:
         "layer_launch": {key: int(p.removeprefix(prefix)) for prefix, key in
                          (("lp", "PROGRAMS_PER_SM"), ("lw", "NUM_WARPS"), ("ls", "NUM_STAGES"))
                          for p in parts if p.startswith(prefix) and p.removeprefix(prefix).isdigit()},
-        "skip_norm": "skipnorm" in parts or "skipnormnp" in parts,
+        "skip_norm": "skipnorm" in parts,
         "no_pdl_after_norm": "skipnormnp" in parts,
         "skip_attention": "skipattn" in parts,
     }
@@ -135,7 +135,7 @@ def measure(hf, setting: dict, census: bool, prompt: int) -> tuple[dict[str, flo
         setattr(triton_layer, key, value)
     if setting["skip_norm"]:  # timing bounds (the module doc), read as graphs are captured
         fused_stages.rms_norm_triton = lambda hidden, weight, eps: hidden
-    if setting["no_pdl_after_norm"]:
+    elif setting["no_pdl_after_norm"]:
         fused_stages.rms_norm_triton = functools.partial(_skipped_norm, after_norm := [False])
         pdl.launch_options = functools.partial(_options_after_norm, after_norm, launch_options)
     if setting["skip_attention"]:
