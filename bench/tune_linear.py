@@ -8,7 +8,10 @@ product (the norm kernel before it, the activation or residual fused after it). 
 bench/results/tune_linear.json: per shape and row count, cuBLAS and the best configurations' ms and
 fraction of the measured copy bandwidth, best first; `*` marks the default configuration. `--int8`
 times int8 weights with their row scales (a draft's --quantize int8) against cuBLAS on the bf16 ones.
-Usage: python bench/tune_linear.py [--rows 1 5] [--shapes 8b_qkv ...] [--int8] [--out PATH]
+`--wide` times configurations of 32, 64 and 128 rows a program (WIDE_CONFIGS) against the 16-row
+default (`*`) and records, per configuration, whether its rows are the default's bits (`same_bits`);
+`+` marks the one launch_config takes at those rows.
+Usage: python bench/tune_linear.py [--rows 1 5] [--shapes 8b_qkv ...] [--int8] [--wide] [--out PATH]
 """
 from __future__ import annotations
 
@@ -38,6 +41,10 @@ CONFIGS = ([LaunchConfig(bn, bk, w, s) for bn, bk, w, s in itertools.product((32
            # 16 columns a program: twice the programs, for products too narrow to fill the GPU at 32
            # (Llama-3.2-1B's o_proj and down_proj: N = 2048 is 64 programs of 32 on 132 SMs)
            + [LaunchConfig(16, bk, w, s) for bk, w, s in itertools.product((256, 512), (2, 4), (3, 4))])
+# --wide: more rows a program, for verifies and prefills of 17+ rows; each is also checked for giving
+# every row the bits of the default (16 rows a program: a decode's)
+WIDE_CONFIGS = [LaunchConfig(bn, bk, w, s, block_m=bm) for bm, bn, bk, (w, s) in itertools.product(
+    (32, 64, 128), (64, 128), (64, 128), ((4, 3), (4, 4), (8, 3)))]
 INT8_CONFIGS = CONFIGS + [LaunchConfig(bn, 1024, w, s) for bn, w, s in itertools.product((16, 32), (2, 4), (3, 4))]
 FUSIONS = {  # what the model fuses into each product (engine/fused_stages.py)
     "qkv": "rms_norm", "o": "residual", "gate_up": "rms_norm+silu_mul", "down": "residual", "lm_head": "rms_norm"}
@@ -71,8 +78,9 @@ def main() -> None:
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 5])
     parser.add_argument("--shapes", nargs="+", default=list(SHAPES))
     parser.add_argument("--int8", action="store_true", help="int8 weights and row scales (engine/linear.Int8Linear)")
+    parser.add_argument("--wide", action="store_true", help="configurations of 32 and 64 rows a program")
     args = parser.parse_args()
-    configs = INT8_CONFIGS if args.int8 else CONFIGS
+    configs = WIDE_CONFIGS if args.wide else INT8_CONFIGS if args.int8 else CONFIGS
     bandwidth = copy_bandwidth()
     report: dict[str, object] = {"copy_bandwidth_tb_s": bandwidth / 1e12}
     for name in args.shapes:
@@ -100,19 +108,30 @@ def main() -> None:
                 return skinny_linear(x, weights[i], config=c, **epilogue)
 
             variants = {"plain": lambda i, c: skinny_linear(x, weights[i], config=c, **int8), fusion: as_model}
+            if args.wide:  # as the model runs them only, the default (16 rows a program) first
+                variants.pop("plain")
             # cuBLAS on bf16 weights (with --int8 their bytes are twice the bandwidth figure's)
             results = {"cublas": graph_ms_per_call(lambda i: F.linear(x, cublas_weights[i]), len(cublas_weights))}
-            default = launch_config(n, k, int8=args.int8)
-            for config, variant in itertools.product(configs, variants):
+            # the configuration the model takes at these rows (--wide: the 16-row one, the bits' reference)
+            default = launch_config(n, k, int8=args.int8, rows=1 if args.wide else rows)
+            expected = variants[fusion](0, default)
+            same_bits = {}
+            wide = launch_config(n, k, int8=args.int8, rows=rows)  # --wide: marked "+"
+            for config, variant in itertools.product([default, *configs] if args.wide else configs, variants):
                 try:
                     ms = graph_ms_per_call(lambda i: variants[variant](i, config), copies)
                 except Exception as error:  # noqa: BLE001 - a configuration that does not compile or fit
                     print(f"{name} rows={rows} {config}: {type(error).__name__}", file=sys.stderr)
                     continue
                 label = f"{variant}_bn{config.block_n}_bk{config.block_k}_w{config.num_warps}_s{config.num_stages}"
-                results[label + ("*" if config == default else "")] = ms
+                if config.block_m != default.block_m:
+                    label += f"_bm{config.block_m}"
+                label += "*" if config == default else "+" if args.wide and config == wide else ""
+                if variant == fusion:
+                    same_bits[label] = torch.equal(variants[fusion](0, config), expected)
+                results[label] = ms
             ranked = sorted(results.items(), key=lambda item: item[1])
-            shown = ranked[:3] + [item for item in ranked[3:] if item[0].endswith("*")]
+            shown = ranked[:3] + [item for item in ranked[3:] if item[0].endswith(("*", "+"))]
             shown = shown if "cublas" in dict(shown) else shown + [("cublas", results["cublas"])]
             entry = {label: {"ms": round(ms * 1e3, 2) / 1e3, "bw": round(nbytes / (ms / 1e3) / bandwidth, 3)}
                      for label, ms in shown}
@@ -122,6 +141,18 @@ def main() -> None:
             entry["cublas"] = {"ms": results["cublas"], "bw": round(nbytes / (results["cublas"] / 1e3) / bandwidth, 3)}
             report[f"{name}_rows{rows}"] = entry
             print(f"{name} rows={rows}: " + ", ".join(f"{label} {v['bw']}" for label, v in entry.items()), flush=True)
+            if args.wide:
+                best_same = min((label for label in same_bits if same_bits[label]), key=results.get)
+                entry.update(same_bits={label: same_bits.get(label) for label, _ in shown},
+                             num_configs_same_bits=[sum(same_bits.values()), len(same_bits)],
+                             same_bits_by_block={f"bm{c.block_m}_w{c.num_warps}": [
+                                 sum(same for label, same in same_bits.items()
+                                     if label.endswith(f"_bm{c.block_m}") and f"_w{c.num_warps}_" in label),
+                                 sum(label.endswith(f"_bm{c.block_m}") and f"_w{c.num_warps}_" in label
+                                     for label in same_bits)] for c in configs},
+                             best_same_bits={"label": best_same, "ms": results[best_same]},
+                             all_ms={label: round(ms, 5) for label, ms in ranked})
+                print(f"  same bits: {entry['same_bits']}; best of them {entry['best_same_bits']}", flush=True)
         weights = cublas_weights = None  # the copies freed before the next shape's
         torch.cuda.empty_cache()
     save_report("tune_linear", report, args.out)

@@ -26,10 +26,17 @@ writes its float32 partial sums to a workspace and counts itself in the strip's 
 to arrive adds the partials in order of their K range (whichever program that is, the same sum)
 and runs the epilogue, then zeroes the counter for the next launch.
 
-A row's result does not depend on the other rows or their number (the launch configuration is a
-function of N and K only, and every row tile is computed alike): a verify and a decode, or any
-batch, give the row the same product. `skinny_linear_reference` is the same computation
-in PyTorch (CPU, the tests).
+A row's result does not depend on the other rows or their number: every configuration adds a row's
+products in the same order along K (K step after K step, the tensor-core instructions accumulating
+16 products at a time into the same float32 sums), so a verify and a decode, or any batch, give the
+row the same product. Steps of more than 16 rows (a batch's verify, a prefill chunk) take wider tiles,
+64 or 128 rows and 64-128 columns a program (`launch_config`'s `rows`): a program multiplies each W tile
+it loads with all its rows, where 16-row tiles made each strip of W be read once per 16 rows (a
+40-row Llama-3.1-8B gate/up in 63 us against 109). On the H200 every such configuration gives each
+row the bits of the 16-row one (bench/tune_linear.py --wide, bench/results/tune_linear_wide.json;
+tests/engine/test_triton_linear.py, test_triton_rope.py), Hopper's warp-group instructions at 64 rows included.
+Split products keep their 16-row configuration at any row count (their K ranges are part of the
+sum's order). `skinny_linear_reference` is the same computation in PyTorch (CPU, the tests).
 """
 from __future__ import annotations
 
@@ -57,11 +64,32 @@ class LaunchConfig:
     num_warps: int
     num_stages: int
     split_k: int = 1  # programs a column strip, each a K range (see the module doc)
+    block_m: int = BLOCK_M  # rows a program
 
 
-def launch_config(n: int, k: int, int8: bool = False) -> LaunchConfig:
-    """A function of the weight's shape and element size only (never of the row count: see the module
-    doc); the best of bench/tune_linear.py's sweeps on the H200 for Llama-3.1-8B and 3.2-1B shapes.
+def launch_config(n: int, k: int, int8: bool = False, rows: int = 1) -> LaunchConfig:
+    """The configuration for a product of `rows` rows: up to 16 rows a function of the weight's shape and
+    element size only, more take `wide_launch_config`'s (the same bits a row: see the module doc)."""
+    config = _launch_config(n, k, int8)
+    if rows <= BLOCK_M or int8 or config.split_k > 1:
+        return config
+    return wide_launch_config(n, rows)
+
+
+def wide_launch_config(n: int, rows: int) -> LaunchConfig:
+    """More than 16 rows (bench/results/tune_linear_wide.json, Llama-3.1-8B shapes at 24, 40, 128 and
+    512 rows): 64 rows a program up to 128 rows (up to 64 for products of 16384+ columns, whose wide
+    strips fill the GPU sooner), then 128 rows of 128 columns. int8 weights keep their 16-row tiles
+    (wider ones unmeasured)."""
+    if rows > 128 or (rows > 64 and n >= 16384):
+        return LaunchConfig(block_n=128, block_k=64, num_warps=8, num_stages=3, block_m=128)
+    if n >= 16384:  # gate/up projections, LM heads
+        return LaunchConfig(block_n=64, block_k=64, num_warps=4, num_stages=3, block_m=64)
+    return LaunchConfig(block_n=64, block_k=128, num_warps=4, num_stages=4, block_m=64)
+
+
+def _launch_config(n: int, k: int, int8: bool) -> LaunchConfig:
+    """Up to 16 rows: the best of bench/tune_linear.py's sweeps on the H200 for Llama-3.1-8B and 3.2-1B shapes.
     Products narrower than 4096 columns take 16 a program: at 32 they leave SMs idle (N = 2048 is 64
     programs on 132 SMs), and at 16 Llama-3.2-1B's down projection streams W in 12.6 us instead of
     16.2, its o_proj in 5.4 instead of 5.9 (bench/results/tune_linear_narrow.json, residual fused, 1 row).
@@ -88,7 +116,7 @@ def _int8_launch_config(n: int, k: int) -> LaunchConfig:
     (bench/results/tune_linear_int8.json: Llama-3.2-1B's head in 67 us against 71, bf16's 118)."""
     if n >= 65536:
         return LaunchConfig(block_n=64, block_k=256, num_warps=4, num_stages=3)
-    bf16 = launch_config(n, k)
+    bf16 = _launch_config(n, k, int8=False)
     block_k = bf16.block_k * 2 if k % (bf16.block_k * 2) == 0 else bf16.block_k
     return LaunchConfig(bf16.block_n, block_k, bf16.num_warps, bf16.num_stages, bf16.split_k)
 
@@ -256,10 +284,10 @@ def skinny_linear(
     out = torch.empty((m, n_out), dtype=out_dtype or x.dtype, device=x.device)
     if m == 0:
         return out
-    config = config or launch_config(n, k, int8=scale is not None)
+    config = config or launch_config(n, k, int8=scale is not None, rows=m)
     assert config.block_n % 2 == 0
     # row tiles vary fastest: the programs that share a strip of W run together and read it from L2
-    grid = (triton.cdiv(m, BLOCK_M), triton.cdiv(n, config.block_n), config.split_k)
+    grid = (triton.cdiv(m, config.block_m), triton.cdiv(n, config.block_n), config.split_k)
     k_per_split = triton.cdiv(triton.cdiv(k, config.split_k), config.block_k) * config.block_k
     if config.split_k > 1:
         assert grid[0] * grid[1] <= MAX_TILES, f"{grid[0] * grid[1]} tiles, counters for {MAX_TILES}"
@@ -279,7 +307,7 @@ def skinny_linear(
         SPLIT_K=config.split_k, SILU_MUL=silu_mul, HAS_BIAS=bias is not None,
         HAS_RESIDUAL=residual is not None, HAS_SCALE=scale is not None,
         EVEN_K=k % config.block_k == 0, EVEN_N=n % config.block_n == 0,
-        BLOCK_M=BLOCK_M, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
+        BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         # float32 models stay exact float32 (no TF32)
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
         num_warps=config.num_warps, num_stages=config.num_stages, **pdl.launch_options(x.device),

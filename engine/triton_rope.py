@@ -23,7 +23,7 @@ import triton.language as tl
 from engine import pdl
 from engine.attention import write_kv
 from engine.llama import ModelShape, apply_rope
-from engine.triton_linear import BLOCK_M, launch_config, strip_product
+from engine.triton_linear import LaunchConfig, launch_config, strip_product
 
 
 @triton.jit
@@ -198,12 +198,20 @@ def _qkv_rope_write_kv_kernel(
 
 
 def qkv_rope_block_n(weight: torch.Tensor, shape: ModelShape, int8: bool = False) -> int | None:
-    """The strip width the fused kernel would use for this QKV weight, or None where it cannot take
-    it (a strip must lie within one head and hold whole rotation pairs)."""
-    config = launch_config(weight.shape[0], weight.shape[1], int8=int8)
-    if config.split_k != 1 or shape.head_dim % config.block_n != 0:
-        return None
-    return config.block_n
+    """The strip width the fused kernel would use for this QKV weight at a decode, or None where it
+    cannot take it (a strip must lie within one head and hold whole rotation pairs)."""
+    config = qkv_rope_config(weight, shape, int8, rows=1)
+    return None if config is None else config.block_n
+
+
+def qkv_rope_config(weight: torch.Tensor, shape: ModelShape, int8: bool, rows: int) -> LaunchConfig | None:
+    """The product's configuration for `rows` rows (engine/triton_linear.launch_config) if its strips fit
+    the heads, else a decode's if those do, else None."""
+    for r in (rows, 1):
+        config = launch_config(weight.shape[0], weight.shape[1], int8=int8, rows=r)
+        if config.split_k == 1 and shape.head_dim % config.block_n == 0:
+            return config
+    return None
 
 
 def qkv_rope_and_write_kv(
@@ -232,20 +240,19 @@ def qkv_rope_and_write_kv(
     assert k_cache.shape == v_cache.shape and k_cache.shape[2:] == (kv_heads, head_dim)
     assert k_cache.is_contiguous() and v_cache.is_contiguous() and k_cache.dtype == x.dtype
     assert slot_mapping.shape == (num_tokens,)
-    block_n = qkv_rope_block_n(weight, shape, int8=scale is not None)
-    assert block_n is not None, f"head_dim {head_dim} does not take the fused QKV kernel's strips"
-    config = launch_config(n, hidden, int8=scale is not None)
+    config = qkv_rope_config(weight, shape, scale is not None, rows=num_tokens)
+    assert config is not None, f"head_dim {head_dim} does not take the fused QKV kernel's strips"
     q = torch.empty((num_tokens, heads, head_dim), dtype=x.dtype, device=x.device)
     if num_tokens == 0:
         return q
-    _qkv_rope_write_kv_kernel[(triton.cdiv(num_tokens, BLOCK_M), n // block_n)](
+    _qkv_rope_write_kv_kernel[(triton.cdiv(num_tokens, config.block_m), n // config.block_n)](
         x, weight, bias if bias is not None else x, scale if scale is not None else x,
         cos, sin, positions, slot_mapping, q, k_cache, v_cache,
         num_tokens, hidden, x.stride(0), weight.stride(0), cos.stride(0), sin.stride(0), q.stride(0),
         kv_heads * head_dim,
         NUM_HEADS=heads, NUM_KV_HEADS=kv_heads, HEAD_DIM=head_dim,
         HAS_BIAS=bias is not None, HAS_SCALE=scale is not None, EVEN_K=hidden % config.block_k == 0,
-        BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_K=config.block_k,
+        BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
         num_warps=config.num_warps, num_stages=config.num_stages, **pdl.launch_options(x.device),
     )

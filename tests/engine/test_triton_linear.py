@@ -8,7 +8,14 @@ import pytest
 import torch
 
 from engine.linear import Int8Linear
-from engine.triton_linear import LaunchConfig, launch_config, skinny_linear, skinny_linear_reference, split_counters
+from engine.triton_linear import (
+    LaunchConfig,
+    launch_config,
+    skinny_linear,
+    skinny_linear_reference,
+    split_counters,
+    wide_launch_config,
+)
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 SMALL = LaunchConfig(block_n=16, block_k=32, num_warps=4, num_stages=2)  # several K steps on small shapes
@@ -100,6 +107,21 @@ def test_each_row_is_computed_as_if_alone(fusion, config):
     assert torch.equal(together[2:3], alone)
 
 
+@pytest.mark.parametrize(("rows", "n", "k", "fusion"), [(40, 64, 128, "none"), (40, 256, 96, "silu_mul"),
+                                                   (130, 200, 64, "none"), (70, 16384, 64, "silu_mul")])
+def test_steps_of_many_rows_take_wide_tiles_that_match_the_reference_fp32(rows, n, k, fusion):
+    config = launch_config(n, k, rows=rows)
+    assert config == wide_launch_config(n, rows) and config.block_m in (64, 128)
+    args = _inputs(rows, n, k, fusion, True, True, torch.float32)
+    torch.testing.assert_close(skinny_linear(**args), skinny_linear_reference(**args), atol=1e-5, rtol=1e-5)
+
+
+def test_split_and_int8_products_keep_their_decode_configuration_at_any_row_count():
+    """Their K ranges (split) are part of a row's sum; int8's wide tiles were never measured."""
+    for n, k, int8 in ((2048, 8192, False), (2048, 8192, True), (16384, 2048, True)):
+        assert launch_config(n, k, int8=int8, rows=200) == launch_config(n, k, int8=int8)
+
+
 def test_mismatched_shapes_are_refused_before_launch():
     args = _inputs(2, 32, 64, "none", False, False, torch.float32)
     with pytest.raises(AssertionError, match="x .* vs weight"):
@@ -126,6 +148,22 @@ def test_each_row_is_computed_as_if_alone_bf16(fusion):
     for row in range(5):
         alone = skinny_linear(**{**args, "x": args["x"][row:row + 1], "residual": args["residual"][row:row + 1]})
         assert torch.equal(together[row:row + 1], alone)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("n", "k", "fusion"), [
+    (6144, 4096, "none"), (4096, 14336, "none"), (28672, 4096, "silu_mul"), (128256, 4096, "none"),  # Llama-3.1-8B
+    (2048, 8192, "none"), (1000, 2048, "none"),  # a split product; N off the block sizes
+])
+@pytest.mark.parametrize("rows", [17, 40, 64, 65, 129, 300])
+def test_wide_tiles_give_each_row_the_bits_of_a_decode(n, k, fusion, rows):
+    """Steps of more than 16 rows take 64- or 128-row tiles (launch_config's rows; on the H200 Hopper's
+    warp-group instructions at 64 rows and more): every row is the bits of that row alone, 16-row tiles."""
+    args = _inputs(rows, n, k, fusion, False, True, torch.bfloat16)
+    together = skinny_linear(**args)
+    alone = torch.cat([skinny_linear(**{**args, "x": args["x"][r:r + 1], "residual": args["residual"][r:r + 1]})
+                       for r in range(rows)])
+    assert torch.equal(together, alone)
 
 
 @pytest.mark.gpu

@@ -14,7 +14,13 @@ import torch
 from engine.linear import Int8Linear
 from engine.llama import ModelShape
 from engine.triton_linear import skinny_linear
-from engine.triton_rope import qkv_rope_and_write_kv, qkv_rope_block_n, rope_and_write_kv, rope_and_write_kv_reference
+from engine.triton_rope import (
+    qkv_rope_and_write_kv,
+    qkv_rope_block_n,
+    qkv_rope_config,
+    rope_and_write_kv,
+    rope_and_write_kv_reference,
+)
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 ROOT = Path(__file__).resolve().parents[2]
@@ -91,7 +97,9 @@ def test_the_qkv_product_with_rotary_in_its_epilogue_equals_the_product_then_the
     k_fused, v_fused = _caches(shape, dtype)
     q_fused = qkv_rope_and_write_kv(x, weight, b, *tables, k_fused, v_fused, slots, shape, scale=scale)
     k_two, v_two = _caches(shape, dtype)
-    qkv = skinny_linear(x, weight, b, scale=scale)
+    # the product at the fused kernel's configuration (on CPU the interpreter's dot rounds another tile
+    # shape apart; on the GPU every configuration gives the same bits: test_triton_linear.py)
+    qkv = skinny_linear(x, weight, b, scale=scale, config=qkv_rope_config(weight, shape, int8, rows=num_tokens))
     q_two = rope_and_write_kv(qkv, *tables, k_two, v_two, slots, shape)
     for fused, two in ((q_fused, q_two), (k_fused, k_two), (v_fused, v_two)):
         torch.testing.assert_close(fused, two, atol=0, rtol=0)  # the same roundings: the same values
@@ -137,6 +145,42 @@ def test_the_fused_qkv_kernel_gives_the_two_kernels_bits_in_bf16_at_llama_shapes
     k_two, v_two = _caches(shape, torch.bfloat16)
     q_two = rope_and_write_kv(skinny_linear(x, weight, b), *tables, k_two, v_two, slots, shape)
     assert torch.equal(q_fused, q_two) and torch.equal(k_fused, k_two) and torch.equal(v_fused, v_two)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("shape", "hidden"), [
+    (ModelShape(num_layers=1, num_heads=32, num_kv_heads=8, head_dim=64, vocab_size=0), 2048),  # Llama-3.2-1B
+    (ModelShape(num_layers=1, num_heads=32, num_kv_heads=8, head_dim=128, vocab_size=0), 4096),  # Llama-3.1-8B
+])
+@pytest.mark.parametrize("num_tokens", [40, 200])
+def test_the_fused_qkv_kernel_in_wide_tiles_gives_each_token_its_bits_alone(shape, hidden, num_tokens):
+    """A verify of several sequences or a prefill chunk (more than 16 tokens: 64- or 128-row tiles) writes
+    each token's query, key and value as a decode of that token would, and the two kernels' values."""
+    torch.manual_seed(num_tokens)
+    n = (shape.num_heads + 2 * shape.num_kv_heads) * shape.head_dim
+    x = torch.randn(num_tokens, hidden, device=DEVICE).to(torch.bfloat16)
+    weight = (torch.randn(n, hidden, device=DEVICE) / hidden**0.5).to(torch.bfloat16)
+    angles = torch.rand(256, shape.head_dim // 2, device=DEVICE) * 6
+    cos = torch.cat([angles.cos(), angles.cos()], dim=-1).to(torch.bfloat16)
+    sin = torch.cat([angles.sin(), angles.sin()], dim=-1).to(torch.bfloat16)
+    positions = torch.randint(0, 256, (num_tokens,), device=DEVICE)
+    slots = torch.randperm(num_tokens, device=DEVICE)
+
+    def caches():
+        k_cache = torch.zeros(num_tokens, 1, shape.num_kv_heads, shape.head_dim, device=DEVICE, dtype=torch.bfloat16)
+        return k_cache, torch.zeros_like(k_cache)
+
+    k_all, v_all = caches()
+    q_all = qkv_rope_and_write_kv(x, weight, None, cos, sin, positions, k_all, v_all, slots, shape)
+    k_two, v_two = caches()
+    q_two = rope_and_write_kv(skinny_linear(x, weight), cos, sin, positions, k_two, v_two, slots, shape)
+    assert torch.equal(q_all, q_two) and torch.equal(k_all, k_two) and torch.equal(v_all, v_two)
+    for t in range(num_tokens):
+        k_one, v_one = caches()
+        q_one = qkv_rope_and_write_kv(x[t:t + 1], weight, None, cos, sin, positions[t:t + 1], k_one, v_one,
+                                      slots[t:t + 1], shape)
+        assert torch.equal(q_one[0], q_all[t])
+        assert torch.equal(k_one[slots[t]], k_all[slots[t]]) and torch.equal(v_one[slots[t]], v_all[slots[t]])
 
 
 @pytest.mark.parametrize(("env", "on"), [({}, True), ({"SPECDEC_QKV_ROPE": "1"}, True), ({"SPECDEC_QKV_ROPE": "0"}, False)])
