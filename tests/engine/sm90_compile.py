@@ -37,6 +37,10 @@ def main() -> None:
             SPLIT_K=split, SILU_MUL=silu, HAS_BIAS=False, HAS_RESIDUAL=not silu, HAS_SCALE=int8, EVEN_K=True,
             EVEN_N=True, BLOCK_M=16, BLOCK_N=16, BLOCK_K=256, DOT_PRECISION="tf32", USE_PDL=True))
         print(f"skinny_linear split={split} silu_mul={silu} int8={int8}: {size}")
+    size = compile_sm90(triton_linear._skinny_linear_kernel, linear, dict(  # a step of 17-128 rows (wide tiles)
+        SPLIT_K=1, SILU_MUL=True, HAS_BIAS=False, HAS_RESIDUAL=False, HAS_SCALE=False, EVEN_K=True, EVEN_N=True,
+        BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, DOT_PRECISION="tf32", USE_PDL=True))
+    print(f"skinny_linear wide silu_mul=True: {size}")
     rope = {n: BF16 for n in ("qkv_ptr", "cos_ptr", "sin_ptr", "q_ptr", "k_cache_ptr", "v_cache_ptr")} | \
         {"slot_ptr": "*i64", "pos_ptr": "*i64"}
     for head_dim in (64, 128):
@@ -46,11 +50,13 @@ def main() -> None:
         print(f"rope_write_kv head_dim={head_dim}: {size}")
     fused = {n: BF16 for n in ("x_ptr", "w_ptr", "bias_ptr", "scale_ptr", "cos_ptr", "sin_ptr", "q_ptr", "k_cache_ptr",
                                "v_cache_ptr")} | {"slot_ptr": "*i64", "pos_ptr": "*i64"}
-    for head_dim, block_n, int8 in ((64, 16, False), (128, 32, False), (64, 16, True)):
+    for head_dim, block_m, block_n, int8 in ((64, 16, 16, False), (128, 16, 32, False), (64, 16, 16, True),
+                                             (128, 64, 64, False)):
         size = compile_sm90(triton_rope._qkv_rope_write_kv_kernel, fused | ({"w_ptr": "*i8"} if int8 else {}), dict(
-            NUM_HEADS=32, NUM_KV_HEADS=8, HEAD_DIM=head_dim, HAS_BIAS=True, HAS_SCALE=int8, EVEN_K=True, BLOCK_M=16,
-            BLOCK_N=block_n, BLOCK_K=256, DOT_PRECISION="tf32", USE_PDL=True))
-        print(f"qkv_rope_write_kv head_dim={head_dim} int8={int8}: {size}")
+            NUM_HEADS=32, NUM_KV_HEADS=8, HEAD_DIM=head_dim, HAS_BIAS=True, HAS_SCALE=int8, EVEN_K=True,
+            BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=256 if block_m == 16 else 128, DOT_PRECISION="tf32",
+            USE_PDL=True))
+        print(f"qkv_rope_write_kv head_dim={head_dim} rows={block_m} int8={int8}: {size}")
     norm = {"x_ptr": BF16, "w_ptr": BF16, "out_ptr": BF16, "eps": "fp32"}
     print("rms_norm:", compile_sm90(triton_norm._rms_norm_kernel, norm, dict(BLOCK_K=2048, USE_PDL=True)))
     attention = {n: BF16 for n in ("q_ptr", "k_cache_ptr", "v_cache_ptr", "out_ptr")} | \
