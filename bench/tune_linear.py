@@ -78,7 +78,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 5])
     parser.add_argument("--shapes", nargs="+", default=list(SHAPES))
     parser.add_argument("--int8", action="store_true", help="int8 weights and row scales (engine/linear.Int8Linear)")
-    parser.add_argument("--wide", action="store_true", help="configurations of 32 and 64 rows a program")
+    parser.add_argument("--wide", action="store_true", help="configurations of 32, 64 and 128 rows a program")
     args = parser.parse_args()
     configs = WIDE_CONFIGS if args.wide else INT8_CONFIGS if args.int8 else CONFIGS
     bandwidth = copy_bandwidth()
@@ -114,8 +114,9 @@ def main() -> None:
             results = {"cublas": graph_ms_per_call(lambda i: F.linear(x, cublas_weights[i]), len(cublas_weights))}
             # the configuration the model takes at these rows (--wide: the 16-row one, the bits' reference)
             default = launch_config(n, k, int8=args.int8, rows=1 if args.wide else rows)
-            expected = variants[fusion](0, default)
-            same_bits = {}
+            expected = variants[fusion](0, default) if args.wide else None
+            same_bits: dict[str, bool] = {}  # --wide: label -> every row the default's bits
+            block_of: dict[str, str] = {}  # --wide: label -> rows and warps a program
             wide = launch_config(n, k, int8=args.int8, rows=rows)  # --wide: marked "+"
             for config, variant in itertools.product([default, *configs] if args.wide else configs, variants):
                 try:
@@ -127,8 +128,9 @@ def main() -> None:
                 if config.block_m != default.block_m:
                     label += f"_bm{config.block_m}"
                 label += "*" if config == default else "+" if args.wide and config == wide else ""
-                if variant == fusion:
+                if args.wide and variant == fusion:
                     same_bits[label] = torch.equal(variants[fusion](0, config), expected)
+                    block_of[label] = f"bm{config.block_m}_w{config.num_warps}"
                 results[label] = ms
             ranked = sorted(results.items(), key=lambda item: item[1])
             shown = ranked[:3] + [item for item in ranked[3:] if item[0].endswith(("*", "+"))]
@@ -145,11 +147,10 @@ def main() -> None:
                 best_same = min((label for label in same_bits if same_bits[label]), key=results.get)
                 entry.update(same_bits={label: same_bits.get(label) for label, _ in shown},
                              num_configs_same_bits=[sum(same_bits.values()), len(same_bits)],
-                             same_bits_by_block={f"bm{c.block_m}_w{c.num_warps}": [
-                                 sum(same for label, same in same_bits.items()
-                                     if label.endswith(f"_bm{c.block_m}") and f"_w{c.num_warps}_" in label),
-                                 sum(label.endswith(f"_bm{c.block_m}") and f"_w{c.num_warps}_" in label
-                                     for label in same_bits)] for c in configs},
+                             same_bits_by_block={block: [sum(same_bits[label] for label in same_bits
+                                                             if block_of[label] == block),
+                                                         sum(b == block for b in block_of.values())]
+                                                 for block in sorted(set(block_of.values()))},
                              best_same_bits={"label": best_same, "ms": results[best_same]},
                              all_ms={label: round(ms, 5) for label, ms in ranked})
                 print(f"  same bits: {entry['same_bits']}; best of them {entry['best_same_bits']}", flush=True)
