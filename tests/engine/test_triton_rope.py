@@ -68,7 +68,8 @@ FUSED_SHAPES = [  # (shape, hidden): K masked (64 of a 128 block) and even (256)
 ]
 
 
-def _fused_inputs(shape: ModelShape, hidden: int, num_tokens: int, dtype: torch.dtype, bias: bool, int8: bool):
+def _fused_inputs(shape: ModelShape, hidden: int, num_tokens: int, dtype: torch.dtype, bias: bool, int8: bool,
+                  num_slots: int = 32):
     torch.manual_seed(num_tokens + hidden)
     n = (shape.num_heads + 2 * shape.num_kv_heads) * shape.head_dim
     x = torch.randn(num_tokens, hidden, device=DEVICE).to(dtype)
@@ -78,12 +79,12 @@ def _fused_inputs(shape: ModelShape, hidden: int, num_tokens: int, dtype: torch.
         quantized = Int8Linear(SimpleNamespace(weight=weight, bias=None))
         weight, scale = quantized.qweight, quantized.scale
     b = torch.randn(n, device=DEVICE).to(dtype) if bias else None
-    slots = torch.randperm(32, device=DEVICE)[:num_tokens]
+    slots = torch.randperm(num_slots, device=DEVICE)[:num_tokens]
     return x, weight, b, scale, _tables(num_tokens, shape.head_dim, dtype), slots
 
 
-def _caches(shape: ModelShape, dtype: torch.dtype):
-    k_cache = torch.zeros(8, 4, shape.num_kv_heads, shape.head_dim, device=DEVICE, dtype=dtype)
+def _caches(shape: ModelShape, dtype: torch.dtype, num_slots: int = 32):
+    k_cache = torch.zeros(num_slots // 4, 4, shape.num_kv_heads, shape.head_dim, device=DEVICE, dtype=dtype)
     return k_cache, torch.zeros_like(k_cache)
 
 
@@ -156,31 +157,22 @@ def test_the_fused_qkv_kernel_gives_the_two_kernels_bits_in_bf16_at_llama_shapes
 def test_the_fused_qkv_kernel_in_wide_tiles_gives_each_token_its_bits_alone(shape, hidden, num_tokens):
     """A verify of several sequences or a prefill chunk (more than 16 tokens: 64- or 128-row tiles) writes
     each token's query, key and value as a decode of that token would, and the two kernels' values."""
-    torch.manual_seed(num_tokens)
-    n = (shape.num_heads + 2 * shape.num_kv_heads) * shape.head_dim
-    x = torch.randn(num_tokens, hidden, device=DEVICE).to(torch.bfloat16)
-    weight = (torch.randn(n, hidden, device=DEVICE) / hidden**0.5).to(torch.bfloat16)
-    angles = torch.rand(256, shape.head_dim // 2, device=DEVICE) * 6
-    cos = torch.cat([angles.cos(), angles.cos()], dim=-1).to(torch.bfloat16)
-    sin = torch.cat([angles.sin(), angles.sin()], dim=-1).to(torch.bfloat16)
-    positions = torch.randint(0, 256, (num_tokens,), device=DEVICE)
-    slots = torch.randperm(num_tokens, device=DEVICE)
-
-    def caches():
-        k_cache = torch.zeros(num_tokens, 1, shape.num_kv_heads, shape.head_dim, device=DEVICE, dtype=torch.bfloat16)
-        return k_cache, torch.zeros_like(k_cache)
-
-    k_all, v_all = caches()
+    dtype = torch.bfloat16
+    x, weight, _, _, (cos, sin, positions), slots = _fused_inputs(shape, hidden, num_tokens, dtype, False, False,
+                                                                  num_slots=num_tokens)
+    k_all, v_all = _caches(shape, dtype, num_slots=num_tokens)
     q_all = qkv_rope_and_write_kv(x, weight, None, cos, sin, positions, k_all, v_all, slots, shape)
-    k_two, v_two = caches()
+    k_two, v_two = _caches(shape, dtype, num_slots=num_tokens)
     q_two = rope_and_write_kv(skinny_linear(x, weight), cos, sin, positions, k_two, v_two, slots, shape)
     assert torch.equal(q_all, q_two) and torch.equal(k_all, k_two) and torch.equal(v_all, v_two)
     for t in range(num_tokens):
-        k_one, v_one = caches()
+        k_one, v_one = _caches(shape, dtype, num_slots=num_tokens)
         q_one = qkv_rope_and_write_kv(x[t:t + 1], weight, None, cos, sin, positions[t:t + 1], k_one, v_one,
                                       slots[t:t + 1], shape)
         assert torch.equal(q_one[0], q_all[t])
-        assert torch.equal(k_one[slots[t]], k_all[slots[t]]) and torch.equal(v_one[slots[t]], v_all[slots[t]])
+        slot = int(slots[t])
+        assert torch.equal(k_one.flatten(0, 1)[slot], k_all.flatten(0, 1)[slot])
+        assert torch.equal(v_one.flatten(0, 1)[slot], v_all.flatten(0, 1)[slot])
 
 
 @pytest.mark.parametrize(("env", "on"), [({}, True), ({"SPECDEC_QKV_ROPE": "1"}, True), ({"SPECDEC_QKV_ROPE": "0"}, False)])
