@@ -204,7 +204,6 @@ def main() -> None:
                         help="services with --idle-poll off; measure again with this process's idle-CPU spinners")
     parser.add_argument("--pin-ab", action="store_true",
                         help="measure target-only and alpha 0.8 again with each service pinned to a CPU of its own")
-    parser.add_argument("--lanes", default="auto", help="the gateways' --lanes (0: a Sequence stream per request)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "gpu_e2e.json")
     args = parser.parse_args()
     batches, ks = args.batches, args.ks
@@ -235,8 +234,6 @@ def main() -> None:
         prompts = prompts_text(tokenizer, args.num_prompts, args.prompt_tokens)
         prompt_ids = [tokenizer.encode(p) for p in prompts]
         polling = ["--busy-poll", args.busy_poll, "--idle-poll", idle_poll]
-        metrics["lanes"] = args.lanes
-        lanes = ["--lanes", args.lanes]
         idle_cpus = IdleCpus() if args.idle_cpus_ab else None
         common = ["--device", device, "--dtype", dtype, "--max-model-len", "1024", "--log-level", "WARNING", *polling,
                   "--max-batch-size", str(max(args.batches)),  # graphs of no larger batch bucket
@@ -254,7 +251,7 @@ def main() -> None:
             started = time.perf_counter()
             target = trio.wait_ready(trio.spawn("target", "target_service", ["--model", target_model, *common, *pin()]), 900)
             metrics["target_start_s"] = time.perf_counter() - started
-            plain = trio.wait_ready(trio.spawn("gateway-plain", "gateway", ["--target", target, "--draft", "none", "--log-level", "WARNING", *polling, *lanes, *pin()]), 60)
+            plain = trio.wait_ready(trio.spawn("gateway-plain", "gateway", ["--target", target, "--draft", "none", "--log-level", "WARNING", *polling, *pin()]), 60)
             references = {}  # bf16 greedy output depends on the batch and verify shapes (see the oracle's reference)
             with grpc.insecure_channel(plain) as channel:
                 stub = gateway_pb2_grpc.GatewayStub(channel)
@@ -284,7 +281,7 @@ def main() -> None:
                 "--quantize", args.draft_quantize, *common, *pin()],
                 env=draft_env), 900)
             metrics["draft_start_s"] = time.perf_counter() - started
-            gateway = trio.wait_ready(trio.spawn("gateway", "gateway", ["--target", target, "--draft", draft, "--log-level", "WARNING", *polling, *lanes, *pin()]), 60)
+            gateway = trio.wait_ready(trio.spawn("gateway", "gateway", ["--target", target, "--draft", draft, "--log-level", "WARNING", *polling, *pin()]), 60)
             with grpc.insecure_channel(gateway) as channel:
                 stub = gateway_pb2_grpc.GatewayStub(channel)
                 for batch in batches:

@@ -7,8 +7,7 @@ interceptors and options) with a handler that answers each verify after `--work`
   spin   a busy loop (the loop blocked, the GIL held);
   async  asyncio.sleep (the loop free meanwhile: a forward on another thread);
   thread the work on a worker thread (run_in_executor) as time.sleep: the batching loop's hand-off.
-The client is the gateway's own TargetStream, over a Sequence stream and (`*_lane`) as the one
-sequence of a Lane stream (gateway/lanes.py, specdec/lane_server.py). Reports the median round trip minus the handler's
+The client is the gateway's own TargetStream. Reports the median round trip minus the handler's
 work per mode, and a plain grpc.aio ping-pong (no interceptors, bytes messages) for scale; each
 with the client's and the server's event loops left to sleep while idle, or kept spinning (a task
 that yields forever: `*_spin_client`, `*_spin_server`, `*_spin_both`) - a thread that sleeps
@@ -25,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import itertools
 import os
 import statistics
 import subprocess
@@ -44,10 +42,8 @@ import grpc  # noqa: E402
 from report import save_report  # noqa: E402
 
 from gateway.backends import Proposal, TargetStream  # noqa: E402
-from gateway.lanes import LanePool  # noqa: E402
 from specdec.cpu_affinity import pin_process  # noqa: E402
 from specdec.idle_cpus import IdleCpus  # noqa: E402
-from specdec.lane_server import serve_lane  # noqa: E402
 from specdec.serving import open_channel, serve_until_signal, start_server  # noqa: E402
 from specdec.v1 import target_pb2, target_pb2_grpc  # noqa: E402
 
@@ -77,10 +73,6 @@ class EchoTarget(target_pb2_grpc.TargetServiceServicer):
             result = target_pb2.VerifyResult(num_accepted_draft_tokens=0, committed_ids=ids[:1])
             yield target_pb2.TargetResponse(forward_ns=time.perf_counter_ns() - started, verify=result)
 
-    async def Lane(self, request_iterator, context):
-        await serve_lane("/specdec.v1.TargetService/Lane", self.Sequence, request_iterator, context,
-                         target_pb2.TargetLaneResponse, target_pb2.TargetLaneAnswer)
-
 
 async def spin() -> None:
     """Keeps the running event loop from sleeping: it polls with a zero timeout, never blocks."""
@@ -101,14 +93,12 @@ def serve(ready_file: Path, spinning: bool, cpu: int | None) -> None:
     asyncio.run(serve_until_signal(start))
 
 
-async def measure(address: str, mode: str, work_us: int, rounds: int, spinning: bool, lane: bool) -> float:
-    """Median of (round trip - the handler's time), microseconds; over a Sequence stream, or as the
-    one sequence of a Lane stream (`lane`)."""
+async def measure(address: str, mode: str, work_us: int, rounds: int, spinning: bool) -> float:
+    """Median of (round trip - the handler's time), microseconds."""
     spinner = asyncio.get_running_loop().create_task(spin()) if spinning else None
     channel = open_channel(address)
     stub = target_pb2_grpc.TargetServiceStub(channel)
-    pool = LanePool(stub.Lane, target_pb2.TargetLaneRequest, target_pb2.TargetLaneCommand, lambda: 1) if lane else None
-    stream = TargetStream(pool.open("", None) if pool else stub.Sequence(), "target")
+    stream = TargetStream(stub.Sequence(), "target")
     extra = []
     try:
         for i in range(rounds + 20):
@@ -119,8 +109,6 @@ async def measure(address: str, mode: str, work_us: int, rounds: int, spinning: 
                 extra.append((time.perf_counter_ns() - started - (stream.forward_ns - before)) / 1e3)
     finally:
         await stream.close()
-        if pool is not None:
-            await pool.close()
         await channel.close()
         if spinner is not None:
             spinner.cancel()
@@ -205,9 +193,9 @@ def measure_all(args: argparse.Namespace, server_cpu: int | None) -> dict[str, f
                 for client_spins in (False, True):
                     suffix = {(False, False): "", (True, False): "_spin_client", (False, True): "_spin_server",
                               (True, True): "_spin_both"}[(client_spins, server_spins)]
-                    for mode, lane in itertools.product(MODES, (False, True)):
-                        metrics[f"overhead_us_{mode}{suffix}{'_lane' if lane else ''}"] = asyncio.run(measure(
-                            address, mode, 0 if mode == "none" else work_us, args.rounds, client_spins, lane))
+                    for mode in MODES:
+                        metrics[f"overhead_us_{mode}{suffix}"] = asyncio.run(measure(
+                            address, mode, 0 if mode == "none" else work_us, args.rounds, client_spins))
             finally:
                 server.terminate()
                 server.wait(10)

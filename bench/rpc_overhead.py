@@ -100,7 +100,6 @@ def main() -> None:
     parser.add_argument("--prompt-tokens", type=int, default=64)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--num-prompts", type=int, default=16)
-    parser.add_argument("--lanes", default="auto", help="the gateways' --lanes (0: a Sequence stream per request)")
     parser.add_argument("--rounds", type=int, default=3, help="each configuration's median over rounds is reported")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "rpc_overhead.json")
     args = parser.parse_args()
@@ -124,9 +123,9 @@ def main() -> None:
                 "--drafter", "model", "--model", draft_model, "--quantize", "none", *common])
             target, draft = trio.wait_ready(target_service, 900), trio.wait_ready(draft_service, 900)
             plain = trio.wait_ready(trio.spawn("gateway-plain", "gateway", [
-                "--target", target, "--draft", "none", "--log-level", "WARNING", "--lanes", args.lanes]), 60)
+                "--target", target, "--draft", "none", "--log-level", "WARNING"]), 60)
             gateway = trio.wait_ready(trio.spawn("gateway", "gateway", [
-                "--target", target, "--draft", draft, "--log-level", "WARNING", "--lanes", args.lanes]), 60)
+                "--target", target, "--draft", draft, "--log-level", "WARNING"]), 60)
             services = {"target": target, "draft": draft}
             configs = {f"target_only_bs{b}": (plain, b, 0) for b in SPEC_KS}
             configs |= {f"spec_k{k}_bs{b}": (gateway, b, k) for b, k in SPEC_KS.items()}

@@ -9,7 +9,6 @@ import grpc
 from draft_service.registry import DraftInfo, DraftRegistry, Lease
 from engine.drafter import DraftSequence
 from specdec.errors import InvalidRequestError, PermissionDeniedError
-from specdec.lane_server import serve_lane
 from specdec.messages import distributions_pb, model_info_pb, sampling_params
 from specdec.v1 import common_pb2, draft_pb2, draft_pb2_grpc
 
@@ -50,12 +49,6 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
                 lease.drafter.release(seq)
             if lease is not None:
                 self._drafts.release(lease)
-
-    async def Lane(
-        self, request_iterator: AsyncIterator[draft_pb2.DraftLaneRequest], context: grpc.aio.ServicerContext
-    ) -> None:
-        await serve_lane("/specdec.v1.DraftService/Lane", self.Sequence, request_iterator, context,
-                         draft_pb2.DraftLaneResponse, draft_pb2.DraftLaneAnswer)
 
     async def GetModelInfo(self, request, context) -> common_pb2.ModelInfo:
         return model_info_pb(self._drafts.default.description)

@@ -10,11 +10,9 @@ from transformers import PreTrainedTokenizerBase
 
 from engine.sampling import Distribution, SamplingParams
 from engine.tokenizer_info import tokenizer_from_files
-from gateway.config import LANES_AUTO
-from gateway.lanes import LaneCall, LanePool, count_replicas
 from specdec.errors import IncompatibleModelsError, ServiceUnavailableError
 from specdec.messages import distributions, distributions_pb, sampling_params_pb
-from specdec.request_id import current_request_id, request_id_metadata
+from specdec.request_id import request_id_metadata
 from specdec.serving import open_channel
 from specdec.tls import ClientTls
 from specdec.v1 import common_pb2, draft_pb2, draft_pb2_grpc, target_pb2, target_pb2_grpc
@@ -60,11 +58,9 @@ DRAFT_REQUEST_ERRORS = frozenset({grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusC
 
 
 class _BidiStream:
-    """One request's sequence on a model service, its own bidi stream or its part of a lane
-    (gateway/lanes.py): write a command, read its answer."""
+    """One request's bidi stream to a model service: write a command, read its answer."""
 
-    def __init__(self, call: grpc.aio.StreamStreamCall | LaneCall, service: str,
-                 step_timeout_s: float | None = None) -> None:
+    def __init__(self, call: grpc.aio.StreamStreamCall, service: str, step_timeout_s: float | None = None) -> None:
         self._call = call
         self._service = service
         self._step_timeout_s = step_timeout_s  # None: wait as long as the call's deadline allows
@@ -122,7 +118,7 @@ class TargetStream(_BidiStream):
 
 
 class DraftStream(_BidiStream):
-    def __init__(self, call: grpc.aio.StreamStreamCall | LaneCall, draft_model: str = "",
+    def __init__(self, call: grpc.aio.StreamStreamCall, draft_model: str = "",
                  step_timeout_s: float | None = None) -> None:
         super().__init__(call, "draft", step_timeout_s)
         self._draft_model = draft_model
@@ -190,43 +186,14 @@ class RequestStreams:
         return stream
 
 
-class _Replicas:
-    """How many replicas an address names (gateway.lanes.count_replicas), looked up again every
-    `period_s` off the event loop (a DNS lookup blocks)."""
-
-    def __init__(self, address: str, period_s: float) -> None:
-        self._address = address
-        self._period_s = period_s
-        self.count = 1
-        self._task: asyncio.Task | None = None
-
-    async def start(self) -> None:
-        self.count = await asyncio.to_thread(count_replicas, self._address)
-        self._task = asyncio.create_task(self._refresh())
-
-    async def _refresh(self) -> None:
-        while True:
-            await asyncio.sleep(self._period_s)
-            self.count = await asyncio.to_thread(count_replicas, self._address)
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-
-
 class Backends:
     """Channels to the target pool and (optionally) the draft pool, load-balanced by gRPC."""
 
     def __init__(self, target_address: str, draft_address: str | None, draft_step_timeout_s: float | None = None,
-                 target_failover_timeout_s: float = 5.0, tls: ClientTls | None = None, lanes: int = 0,
-                 lane_max_age_s: float = 60.0) -> None:
+                 target_failover_timeout_s: float = 5.0, tls: ClientTls | None = None) -> None:
         """`draft_step_timeout_s`: a draft that takes longer to answer is dropped from the request;
         `target_failover_timeout_s`: how long a request that lost its target replica waits for a
-        connected one; `tls`: TLS (or mTLS) to both services; None: plaintext. `lanes`: requests
-        share this many `Lane` streams per service (gateway/lanes.py; LANES_AUTO: as many as the
-        address has replicas), each taking new requests for `lane_max_age_s`; 0: a `Sequence`
-        stream per request."""
+        connected one; `tls`: TLS (or mTLS) to both services; None: plaintext."""
         self._target_channel = open_channel(target_address, tls)
         self._target = target_pb2_grpc.TargetServiceStub(self._target_channel)
         self._draft_channel = open_channel(draft_address, tls) if draft_address else None
@@ -235,22 +202,6 @@ class Backends:
         self._target_failover_timeout_s = target_failover_timeout_s
         self.target_info: common_pb2.ModelInfo | None = None
         self.draft_info: common_pb2.ModelInfo | None = None
-        self._replicas: list[_Replicas] = []
-        self._target_lanes = self._lane_pool(lanes, target_address, lane_max_age_s, self._target.Lane,
-                                             target_pb2.TargetLaneRequest, target_pb2.TargetLaneCommand)
-        self._draft_lanes = self._lane_pool(lanes, draft_address, lane_max_age_s, self._draft.Lane,
-                                            draft_pb2.DraftLaneRequest, draft_pb2.DraftLaneCommand) \
-            if self._draft is not None else None
-
-    def _lane_pool(self, lanes: int, address: str, max_age_s: float, open_call, request_type: type,
-                   command_type: type) -> LanePool | None:
-        if lanes == 0:
-            return None
-        if lanes != LANES_AUTO:
-            return LanePool(open_call, request_type, command_type, lambda: lanes, max_age_s)
-        replicas = _Replicas(address, max_age_s)
-        self._replicas.append(replicas)
-        return LanePool(open_call, request_type, command_type, lambda: replicas.count, max_age_s)
 
     @property
     def has_draft(self) -> bool:
@@ -269,8 +220,6 @@ class Backends:
             raise ServiceUnavailableError(f"cannot reach a model service: {e.code().name}: {e.details()}") from e
         if self.draft_info is not None:
             check_compatible(self.target_info, self.draft_info)
-        for replicas in self._replicas:
-            await replicas.start()
         return tokenizer_from_files(dict(files.files))
 
     async def wait_for_target(self) -> bool:
@@ -286,28 +235,18 @@ class Backends:
         return True
 
     def open_target(self, timeout_s: float | None = None) -> TargetStream:
-        """A stream for the current request (its request id travels in the metadata), or its
-        sequence on a lane; gRPC's round-robin puts a new stream on a ready replica."""
-        if self._target_lanes is not None:
-            return TargetStream(self._target_lanes.open(current_request_id(), timeout_s), "target")
+        """A stream for the current request (its request id travels in the metadata); gRPC's
+        round-robin puts it on a ready replica."""
         call = self._target.Sequence(metadata=request_id_metadata(), timeout=timeout_s)
         return TargetStream(call, "target")
 
     def open_draft(self, draft_model: str = "", timeout_s: float | None = None) -> DraftStream:
         """A stream to the named draft ("" for the draft service's default), as open_target."""
         assert self._draft is not None
-        if self._draft_lanes is not None:
-            call = self._draft_lanes.open(current_request_id(), timeout_s)
-        else:
-            call = self._draft.Sequence(metadata=request_id_metadata(), timeout=timeout_s)
+        call = self._draft.Sequence(metadata=request_id_metadata(), timeout=timeout_s)
         return DraftStream(call, draft_model, self._draft_step_timeout_s)
 
     async def close(self) -> None:
-        for replicas in self._replicas:
-            await replicas.stop()
-        for pool in (self._target_lanes, self._draft_lanes):
-            if pool is not None:
-                await pool.close()
         await self._target_channel.close()
         if self._draft_channel is not None:
             await self._draft_channel.close()

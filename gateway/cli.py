@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from gateway.config import LANES_AUTO, GatewayConfig
+from gateway.config import GatewayConfig
 from gateway.server import run
 from specdec.cli_args import add_server_args, env_default, setup_logging
 from specdec.errors import SpecdecError
@@ -32,10 +32,6 @@ def main(argv: list[str] | None = None) -> None:
                              "on this port; unset: off, 0: a free port")
     parser.add_argument("--served-model-name", default=env_default(PREFIX, "served_model_name", None),
                         help="the model name OpenAI clients send; default: the target's model id")
-    parser.add_argument("--lanes", default=env_default(PREFIX, "lanes", "auto"),
-                        help="requests share this many Lane streams to each model service (one message a "
-                             "step for all of a lane's requests); auto: one per replica the address resolves "
-                             "to; 0: a Sequence stream per request")
     limits = parser.add_argument_group("limits (beyond them: INVALID_ARGUMENT or RESOURCE_EXHAUSTED)")
     limits.add_argument("--max-prompt-tokens", type=int, default=env_default(PREFIX, "max_prompt_tokens", None),
                         help="longest prompt in tokens; unset: the model's context")
@@ -76,7 +72,6 @@ def main(argv: list[str] | None = None) -> None:
         target_failover_timeout_s=float(args.target_failover_timeout_s),
         max_target_retries=int(args.max_target_retries),
         backend_tls=client_tls_config(args),
-        lanes=LANES_AUTO if args.lanes == "auto" else int(args.lanes),
     )
     try:
         run(args, config)

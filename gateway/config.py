@@ -5,8 +5,6 @@ from dataclasses import dataclass
 
 from specdec.tls import ClientTls
 
-LANES_AUTO = -1  # a lane per replica the service's address resolves to (gateway/backends.py)
-
 
 @dataclass(frozen=True)
 class GatewayConfig:
@@ -37,9 +35,6 @@ class GatewayConfig:
     target_failover_timeout_s: float = 5.0
     max_target_retries: int = 2
     backend_tls: ClientTls | None = None  # TLS (mTLS with a client certificate) to the model services
-    # Transport to the model services (gateway/lanes.py): requests share this many Lane streams a
-    # service, LANES_AUTO a lane per replica the address resolves to; 0: a Sequence stream a request
-    lanes: int = LANES_AUTO
 
     def __post_init__(self) -> None:
         if not 0 <= self.default_num_draft_tokens <= self.max_num_draft_tokens:
@@ -54,5 +49,3 @@ class GatewayConfig:
                              "max_queued_requests >= 0")
         if self.draft_step_timeout_s <= 0 or self.target_failover_timeout_s < 0 or self.max_target_retries < 0:
             raise ValueError("draft_step_timeout_s must be > 0, target_failover_timeout_s and max_target_retries >= 0")
-        if self.lanes < LANES_AUTO:
-            raise ValueError("lanes must be >= 0 (0: a stream per request), or LANES_AUTO")

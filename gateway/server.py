@@ -33,7 +33,7 @@ async def start_gateway_server(
     --idle-poll mode, whether the host's idle CPUs poll while any generation runs, by the same rule.
     """
     backends = Backends(config.target_address, config.draft_address, config.draft_step_timeout_s,
-                        config.target_failover_timeout_s, config.backend_tls, config.lanes)
+                        config.target_failover_timeout_s, config.backend_tls)
     try:
         tokenizer = await backends.connect(config.connect_timeout_s)
     except BaseException:

@@ -29,20 +29,13 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager
-from contextvars import ContextVar
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from specdec.idle_cpus import IdleCpus
 
 MODES = ("auto", "on", "off")
 MIN_CPUS = 8
-
-# What each sequence of a `Lane` stream holds while it is open (specdec/lane_server.py), set for the
-# lane's RPC by the server's BusyPollInterceptor: a lane of one sequence polls as a Sequence stream
-# does, a lane of several does not (a hold per sequence, not one per lane).
-lane_sequence_hold: ContextVar[Callable[[], AbstractContextManager] | None] = \
-    ContextVar("lane_sequence_hold", default=None)
 
 
 def make_busy_poll(loop: bool, idle_cpus: bool) -> BusyPoll | None:

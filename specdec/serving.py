@@ -18,7 +18,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import CollectorRegistry
 
-from specdec.busy_poll import BusyPoll, lane_sequence_hold, make_busy_poll
+from specdec.busy_poll import BusyPoll, make_busy_poll
 from specdec.cpu_affinity import pin_process
 from specdec.errors import (
     CapacityError,
@@ -162,9 +162,9 @@ def _wrap_stream(behavior: Callable) -> Callable:
 
 class BusyPollInterceptor(grpc.aio.ServerInterceptor):
     """Holds the server's busy poll (specdec/busy_poll.py) for as long as each streaming RPC of
-    `service_names` runs (the model services' Sequence streams), and for each sequence of their Lane
-    streams (lane_sequence_hold); not a health Watch or a reflection stream, which may stay open on an
-    idle server. The gateway holds its own per generation (gateway/driver.py), for its HTTP API as well."""
+    `service_names` runs (the model services' Sequence streams); not a health Watch or a reflection
+    stream, which may stay open on an idle server. The gateway holds its own per generation
+    (gateway/driver.py), for its HTTP API as well."""
 
     def __init__(self, busy_poll: BusyPoll, service_names: Sequence[str]) -> None:
         self._busy_poll = busy_poll
@@ -181,16 +181,7 @@ class BusyPollInterceptor(grpc.aio.ServerInterceptor):
                        "response_serializer": handler.response_serializer}
         if handler.unary_stream:
             return grpc.unary_stream_rpc_method_handler(self._held(handler.unary_stream), **serializers)
-        if handler_call_details.method.endswith("/Lane"):
-            return grpc.stream_stream_rpc_method_handler(self._held_per_sequence(handler.stream_stream), **serializers)
         return grpc.stream_stream_rpc_method_handler(self._held(handler.stream_stream), **serializers)
-
-    def _held_per_sequence(self, behavior: Callable) -> Callable:
-        async def wrapped(request, context):  # a Lane writes its answers itself (context.write)
-            lane_sequence_hold.set(self._busy_poll.held)
-            return await behavior(request, context)
-
-        return wrapped
 
     def _held(self, behavior: Callable) -> Callable:
         async def wrapped(request, context):

@@ -8,7 +8,6 @@ import grpc
 from engine.target_engine import StepTiming, TargetEngine, TargetSequence
 from engine.tokenizer_info import tokenizer_files
 from specdec.errors import InvalidRequestError
-from specdec.lane_server import serve_lane
 from specdec.messages import distributions, model_info_pb, sampling_params
 from specdec.v1 import common_pb2, target_pb2, target_pb2_grpc
 
@@ -46,12 +45,6 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
         finally:  # normal end, error, cancellation or a dead client: the KV goes back
             if seq is not None:
                 self._engine.release(seq)
-
-    async def Lane(
-        self, request_iterator: AsyncIterator[target_pb2.TargetLaneRequest], context: grpc.aio.ServicerContext
-    ) -> None:
-        await serve_lane("/specdec.v1.TargetService/Lane", self.Sequence, request_iterator, context,
-                         target_pb2.TargetLaneResponse, target_pb2.TargetLaneAnswer)
 
     async def GetModelInfo(self, request, context) -> common_pb2.ModelInfo:
         return model_info_pb(self._engine.runner.description)

@@ -106,37 +106,3 @@ class ProposeResult(_message.Message):
     draft_ids: _containers.RepeatedScalarFieldContainer[int]
     draft_probs: _containers.RepeatedCompositeFieldContainer[_common_pb2.TokenDistribution]
     def __init__(self, draft_ids: _Optional[_Iterable[int]] = ..., draft_probs: _Optional[_Iterable[_Union[_common_pb2.TokenDistribution, _Mapping]]] = ...) -> None: ...
-
-class DraftLaneRequest(_message.Message):
-    __slots__ = ("commands",)
-    COMMANDS_FIELD_NUMBER: _ClassVar[int]
-    commands: _containers.RepeatedCompositeFieldContainer[DraftLaneCommand]
-    def __init__(self, commands: _Optional[_Iterable[_Union[DraftLaneCommand, _Mapping]]] = ...) -> None: ...
-
-class DraftLaneCommand(_message.Message):
-    __slots__ = ("sequence", "request", "close", "request_id")
-    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
-    REQUEST_FIELD_NUMBER: _ClassVar[int]
-    CLOSE_FIELD_NUMBER: _ClassVar[int]
-    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
-    sequence: int
-    request: DraftRequest
-    close: bool
-    request_id: str
-    def __init__(self, sequence: _Optional[int] = ..., request: _Optional[_Union[DraftRequest, _Mapping]] = ..., close: _Optional[bool] = ..., request_id: _Optional[str] = ...) -> None: ...
-
-class DraftLaneResponse(_message.Message):
-    __slots__ = ("answers",)
-    ANSWERS_FIELD_NUMBER: _ClassVar[int]
-    answers: _containers.RepeatedCompositeFieldContainer[DraftLaneAnswer]
-    def __init__(self, answers: _Optional[_Iterable[_Union[DraftLaneAnswer, _Mapping]]] = ...) -> None: ...
-
-class DraftLaneAnswer(_message.Message):
-    __slots__ = ("sequence", "response", "error")
-    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
-    RESPONSE_FIELD_NUMBER: _ClassVar[int]
-    ERROR_FIELD_NUMBER: _ClassVar[int]
-    sequence: int
-    response: DraftResponse
-    error: _common_pb2.LaneError
-    def __init__(self, sequence: _Optional[int] = ..., response: _Optional[_Union[DraftResponse, _Mapping]] = ..., error: _Optional[_Union[_common_pb2.LaneError, _Mapping]] = ...) -> None: ...

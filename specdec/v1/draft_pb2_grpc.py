@@ -42,11 +42,6 @@ class DraftServiceStub:
                 request_serializer=specdec_dot_v1_dot_draft__pb2.DraftRequest.SerializeToString,
                 response_deserializer=specdec_dot_v1_dot_draft__pb2.DraftResponse.FromString,
                 _registered_method=True)
-        self.Lane = channel.stream_stream(
-                '/specdec.v1.DraftService/Lane',
-                request_serializer=specdec_dot_v1_dot_draft__pb2.DraftLaneRequest.SerializeToString,
-                response_deserializer=specdec_dot_v1_dot_draft__pb2.DraftLaneResponse.FromString,
-                _registered_method=True)
         self.GetModelInfo = channel.unary_unary(
                 '/specdec.v1.DraftService/GetModelInfo',
                 request_serializer=specdec_dot_v1_dot_common__pb2.ModelInfoRequest.SerializeToString,
@@ -82,14 +77,6 @@ class DraftServiceServicer:
     def Sequence(self, request_iterator, context):
         """/ One request's life: a `start` command first, then any number of `propose` commands, each
         / answered in order by one response. Ending the stream releases the sequence.
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def Lane(self, request_iterator, context):
-        """/ Many requests' sequences on one stream (a gateway's lane to this replica), as the target's
-        / `Lane`: per sequence the commands of `Sequence`; `close` or the lane's end releases it.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -141,11 +128,6 @@ def add_DraftServiceServicer_to_server(servicer, server):
                     servicer.Sequence,
                     request_deserializer=specdec_dot_v1_dot_draft__pb2.DraftRequest.FromString,
                     response_serializer=specdec_dot_v1_dot_draft__pb2.DraftResponse.SerializeToString,
-            ),
-            'Lane': grpc.stream_stream_rpc_method_handler(
-                    servicer.Lane,
-                    request_deserializer=specdec_dot_v1_dot_draft__pb2.DraftLaneRequest.FromString,
-                    response_serializer=specdec_dot_v1_dot_draft__pb2.DraftLaneResponse.SerializeToString,
             ),
             'GetModelInfo': grpc.unary_unary_rpc_method_handler(
                     servicer.GetModelInfo,
@@ -202,33 +184,6 @@ class DraftService:
             '/specdec.v1.DraftService/Sequence',
             specdec_dot_v1_dot_draft__pb2.DraftRequest.SerializeToString,
             specdec_dot_v1_dot_draft__pb2.DraftResponse.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def Lane(request_iterator,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.stream_stream(
-            request_iterator,
-            target,
-            '/specdec.v1.DraftService/Lane',
-            specdec_dot_v1_dot_draft__pb2.DraftLaneRequest.SerializeToString,
-            specdec_dot_v1_dot_draft__pb2.DraftLaneResponse.FromString,
             options,
             channel_credentials,
             insecure,

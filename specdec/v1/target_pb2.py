@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from specdec.v1 import common_pb2 as specdec_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17specdec/v1/target.proto\x12\nspecdec.v1\x1a\x17specdec/v1/common.proto\"v\n\rTargetRequest\x12-\n\x07prefill\x18\x01 \x01(\x0b\x32\x1a.specdec.v1.PrefillCommandH\x00\x12+\n\x06verify\x18\x02 \x01(\x0b\x32\x19.specdec.v1.VerifyCommandH\x00\x42\t\n\x07\x63ommand\"j\n\x0ePrefillCommand\x12\x12\n\nprompt_ids\x18\x01 \x03(\x05\x12\x16\n\x0emax_new_tokens\x18\x02 \x01(\x05\x12,\n\x08sampling\x18\x03 \x01(\x0b\x32\x1a.specdec.v1.SamplingParams\"V\n\rVerifyCommand\x12\x11\n\tdraft_ids\x18\x01 \x03(\x05\x12\x32\n\x0b\x64raft_probs\x18\x02 \x03(\x0b\x32\x1d.specdec.v1.TokenDistribution\"\x9c\x01\n\x0eTargetResponse\x12,\n\x07prefill\x18\x01 \x01(\x0b\x32\x19.specdec.v1.PrefillResultH\x00\x12*\n\x06verify\x18\x02 \x01(\x0b\x32\x18.specdec.v1.VerifyResultH\x00\x12\x12\n\nforward_ns\x18\x03 \x01(\x03\x12\x12\n\nbatch_size\x18\x04 \x01(\x05\x42\x08\n\x06result\"!\n\rPrefillResult\x12\x10\n\x08token_id\x18\x01 \x01(\x05\"H\n\x0cVerifyResult\x12!\n\x19num_accepted_draft_tokens\x18\x01 \x01(\x05\x12\x15\n\rcommitted_ids\x18\x02 \x03(\x05\"D\n\x11TargetLaneRequest\x12/\n\x08\x63ommands\x18\x01 \x03(\x0b\x32\x1d.specdec.v1.TargetLaneCommand\"t\n\x11TargetLaneCommand\x12\x10\n\x08sequence\x18\x01 \x01(\x04\x12*\n\x07request\x18\x02 \x01(\x0b\x32\x19.specdec.v1.TargetRequest\x12\r\n\x05\x63lose\x18\x03 \x01(\x08\x12\x12\n\nrequest_id\x18\x04 \x01(\t\"C\n\x12TargetLaneResponse\x12-\n\x07\x61nswers\x18\x01 \x03(\x0b\x32\x1c.specdec.v1.TargetLaneAnswer\"x\n\x10TargetLaneAnswer\x12\x10\n\x08sequence\x18\x01 \x01(\x04\x12,\n\x08response\x18\x02 \x01(\x0b\x32\x1a.specdec.v1.TargetResponse\x12$\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x15.specdec.v1.LaneError2\xfb\x02\n\rTargetService\x12\x45\n\x08Sequence\x12\x19.specdec.v1.TargetRequest\x1a\x1a.specdec.v1.TargetResponse(\x01\x30\x01\x12I\n\x04Lane\x12\x1d.specdec.v1.TargetLaneRequest\x1a\x1e.specdec.v1.TargetLaneResponse(\x01\x30\x01\x12\x43\n\x0cGetModelInfo\x12\x1c.specdec.v1.ModelInfoRequest\x1a\x15.specdec.v1.ModelInfo\x12H\n\x0cGetTokenizer\x12\x1c.specdec.v1.TokenizerRequest\x1a\x1a.specdec.v1.TokenizerFiles\x12I\n\x0eGetEngineStats\x12\x1e.specdec.v1.EngineStatsRequest\x1a\x17.specdec.v1.EngineStatsb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17specdec/v1/target.proto\x12\nspecdec.v1\x1a\x17specdec/v1/common.proto\"v\n\rTargetRequest\x12-\n\x07prefill\x18\x01 \x01(\x0b\x32\x1a.specdec.v1.PrefillCommandH\x00\x12+\n\x06verify\x18\x02 \x01(\x0b\x32\x19.specdec.v1.VerifyCommandH\x00\x42\t\n\x07\x63ommand\"j\n\x0ePrefillCommand\x12\x12\n\nprompt_ids\x18\x01 \x03(\x05\x12\x16\n\x0emax_new_tokens\x18\x02 \x01(\x05\x12,\n\x08sampling\x18\x03 \x01(\x0b\x32\x1a.specdec.v1.SamplingParams\"V\n\rVerifyCommand\x12\x11\n\tdraft_ids\x18\x01 \x03(\x05\x12\x32\n\x0b\x64raft_probs\x18\x02 \x03(\x0b\x32\x1d.specdec.v1.TokenDistribution\"\x9c\x01\n\x0eTargetResponse\x12,\n\x07prefill\x18\x01 \x01(\x0b\x32\x19.specdec.v1.PrefillResultH\x00\x12*\n\x06verify\x18\x02 \x01(\x0b\x32\x18.specdec.v1.VerifyResultH\x00\x12\x12\n\nforward_ns\x18\x03 \x01(\x03\x12\x12\n\nbatch_size\x18\x04 \x01(\x05\x42\x08\n\x06result\"!\n\rPrefillResult\x12\x10\n\x08token_id\x18\x01 \x01(\x05\"H\n\x0cVerifyResult\x12!\n\x19num_accepted_draft_tokens\x18\x01 \x01(\x05\x12\x15\n\rcommitted_ids\x18\x02 \x03(\x05\x32\xb0\x02\n\rTargetService\x12\x45\n\x08Sequence\x12\x19.specdec.v1.TargetRequest\x1a\x1a.specdec.v1.TargetResponse(\x01\x30\x01\x12\x43\n\x0cGetModelInfo\x12\x1c.specdec.v1.ModelInfoRequest\x1a\x15.specdec.v1.ModelInfo\x12H\n\x0cGetTokenizer\x12\x1c.specdec.v1.TokenizerRequest\x1a\x1a.specdec.v1.TokenizerFiles\x12I\n\x0eGetEngineStats\x12\x1e.specdec.v1.EngineStatsRequest\x1a\x17.specdec.v1.EngineStatsb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -44,14 +44,6 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PREFILLRESULT']._serialized_end=572
   _globals['_VERIFYRESULT']._serialized_start=574
   _globals['_VERIFYRESULT']._serialized_end=646
-  _globals['_TARGETLANEREQUEST']._serialized_start=648
-  _globals['_TARGETLANEREQUEST']._serialized_end=716
-  _globals['_TARGETLANECOMMAND']._serialized_start=718
-  _globals['_TARGETLANECOMMAND']._serialized_end=834
-  _globals['_TARGETLANERESPONSE']._serialized_start=836
-  _globals['_TARGETLANERESPONSE']._serialized_end=903
-  _globals['_TARGETLANEANSWER']._serialized_start=905
-  _globals['_TARGETLANEANSWER']._serialized_end=1025
-  _globals['_TARGETSERVICE']._serialized_start=1028
-  _globals['_TARGETSERVICE']._serialized_end=1407
+  _globals['_TARGETSERVICE']._serialized_start=649
+  _globals['_TARGETSERVICE']._serialized_end=953
 # @@protoc_insertion_point(module_scope)

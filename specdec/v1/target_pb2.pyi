@@ -58,37 +58,3 @@ class VerifyResult(_message.Message):
     num_accepted_draft_tokens: int
     committed_ids: _containers.RepeatedScalarFieldContainer[int]
     def __init__(self, num_accepted_draft_tokens: _Optional[int] = ..., committed_ids: _Optional[_Iterable[int]] = ...) -> None: ...
-
-class TargetLaneRequest(_message.Message):
-    __slots__ = ("commands",)
-    COMMANDS_FIELD_NUMBER: _ClassVar[int]
-    commands: _containers.RepeatedCompositeFieldContainer[TargetLaneCommand]
-    def __init__(self, commands: _Optional[_Iterable[_Union[TargetLaneCommand, _Mapping]]] = ...) -> None: ...
-
-class TargetLaneCommand(_message.Message):
-    __slots__ = ("sequence", "request", "close", "request_id")
-    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
-    REQUEST_FIELD_NUMBER: _ClassVar[int]
-    CLOSE_FIELD_NUMBER: _ClassVar[int]
-    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
-    sequence: int
-    request: TargetRequest
-    close: bool
-    request_id: str
-    def __init__(self, sequence: _Optional[int] = ..., request: _Optional[_Union[TargetRequest, _Mapping]] = ..., close: _Optional[bool] = ..., request_id: _Optional[str] = ...) -> None: ...
-
-class TargetLaneResponse(_message.Message):
-    __slots__ = ("answers",)
-    ANSWERS_FIELD_NUMBER: _ClassVar[int]
-    answers: _containers.RepeatedCompositeFieldContainer[TargetLaneAnswer]
-    def __init__(self, answers: _Optional[_Iterable[_Union[TargetLaneAnswer, _Mapping]]] = ...) -> None: ...
-
-class TargetLaneAnswer(_message.Message):
-    __slots__ = ("sequence", "response", "error")
-    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
-    RESPONSE_FIELD_NUMBER: _ClassVar[int]
-    ERROR_FIELD_NUMBER: _ClassVar[int]
-    sequence: int
-    response: TargetResponse
-    error: _common_pb2.LaneError
-    def __init__(self, sequence: _Optional[int] = ..., response: _Optional[_Union[TargetResponse, _Mapping]] = ..., error: _Optional[_Union[_common_pb2.LaneError, _Mapping]] = ...) -> None: ...

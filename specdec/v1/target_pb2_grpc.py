@@ -42,11 +42,6 @@ class TargetServiceStub:
                 request_serializer=specdec_dot_v1_dot_target__pb2.TargetRequest.SerializeToString,
                 response_deserializer=specdec_dot_v1_dot_target__pb2.TargetResponse.FromString,
                 _registered_method=True)
-        self.Lane = channel.stream_stream(
-                '/specdec.v1.TargetService/Lane',
-                request_serializer=specdec_dot_v1_dot_target__pb2.TargetLaneRequest.SerializeToString,
-                response_deserializer=specdec_dot_v1_dot_target__pb2.TargetLaneResponse.FromString,
-                _registered_method=True)
         self.GetModelInfo = channel.unary_unary(
                 '/specdec.v1.TargetService/GetModelInfo',
                 request_serializer=specdec_dot_v1_dot_common__pb2.ModelInfoRequest.SerializeToString,
@@ -72,16 +67,6 @@ class TargetServiceServicer:
     def Sequence(self, request_iterator, context):
         """/ One request's life: a `prefill` command first, then any number of `verify` commands, each
         / answered in order by one response. Ending the stream releases the sequence.
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def Lane(self, request_iterator, context):
-        """/ Many requests' sequences on one stream (a gateway's lane to this replica): each message
-        / carries commands of several sequences, each answer goes back with its sequence's id, and the
-        / answers of one batched forward share a message. Per sequence the commands are those of
-        / `Sequence`, in the same order; `close` (or the lane's end, for any reason) releases it.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -115,11 +100,6 @@ def add_TargetServiceServicer_to_server(servicer, server):
                     servicer.Sequence,
                     request_deserializer=specdec_dot_v1_dot_target__pb2.TargetRequest.FromString,
                     response_serializer=specdec_dot_v1_dot_target__pb2.TargetResponse.SerializeToString,
-            ),
-            'Lane': grpc.stream_stream_rpc_method_handler(
-                    servicer.Lane,
-                    request_deserializer=specdec_dot_v1_dot_target__pb2.TargetLaneRequest.FromString,
-                    response_serializer=specdec_dot_v1_dot_target__pb2.TargetLaneResponse.SerializeToString,
             ),
             'GetModelInfo': grpc.unary_unary_rpc_method_handler(
                     servicer.GetModelInfo,
@@ -166,33 +146,6 @@ class TargetService:
             '/specdec.v1.TargetService/Sequence',
             specdec_dot_v1_dot_target__pb2.TargetRequest.SerializeToString,
             specdec_dot_v1_dot_target__pb2.TargetResponse.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def Lane(request_iterator,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.stream_stream(
-            request_iterator,
-            target,
-            '/specdec.v1.TargetService/Lane',
-            specdec_dot_v1_dot_target__pb2.TargetLaneRequest.SerializeToString,
-            specdec_dot_v1_dot_target__pb2.TargetLaneResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import logging
-import re
 import time
 
 import grpc
@@ -158,9 +157,9 @@ def test_client_request_id_reaches_every_service_log(observed_stub, log_records)
     chunks = list(observed_stub.Generate(request, metadata=[(REQUEST_ID_KEY, "req-test-42")], timeout=60))
     assert chunks[-1].stats.request_id == "req-test-42"
     messages = {r.getMessage() for r in log_records if r.request_id == "req-test-42"}
-    assert "/specdec.v1.Gateway/Generate started" in messages
-    for service in ("TargetService", "DraftService"):  # the request's sequence on its lane
-        assert any(re.fullmatch(rf"/specdec.v1.{service}/Lane sequence \d+ started", m) for m in messages), service
+    for method in ("/specdec.v1.Gateway/Generate", "/specdec.v1.TargetService/Sequence",
+                   "/specdec.v1.DraftService/Sequence"):
+        assert f"{method} started" in messages, method
     assert any(m.startswith("finished:") for m in messages)
 
 
