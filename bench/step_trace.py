@@ -19,8 +19,12 @@ Medians over the steps (a request's first step, after its prefill, falls out of 
 2-core one); step_trace_spin.json was measured before the flag, with every loop spinning from a
 spinner the probe had then, as `--busy-poll on` does now at one stream.
 `--draft-head-rows N`, `--draft-quantize int8` and `--pin-services` as gpu_e2e.py has them.
+`--batch N` runs N streams at once; the steps of concurrent requests interleave, so instead of a
+step's parts it times each batched forward's requests: how long before the forward the first and
+the last were sent, and how long after it the first and the last were answered (`batch_parts`).
 Usage: python bench/step_trace.py [--tiny] [--busy-poll auto|on|off] [--draft-quantize none|int8]
-                                  [--draft-head-rows N] [--pin-services] [--keep-traces DIR] [--out PATH]
+                                  [--draft-head-rows N] [--pin-services] [--batch N] [--keep-traces DIR]
+                                  [--out PATH]
 """
 from __future__ import annotations
 
@@ -117,6 +121,35 @@ def step_parts(traces: dict[str, list[Interval]], window: Interval) -> dict[str,
     return medians
 
 
+def batch_parts(traces: dict[str, list[Interval]], window: Interval) -> dict[str, float]:
+    """With several streams: how each batched forward's requests arrive and are answered (ms, medians
+    over the forwards inside `window`). A gateway round trip belongs to the forward it encloses (its
+    batch); for each forward, how long before its start the first and the last of them were sent
+    (`*_first_sent_ms`, `*_last_sent_ms`: the batching loop waits from the one to the other) and how
+    long after its end the first and the last were answered (`*_first_answered_ms`,
+    `*_last_answered_ms`), and how many it served (`*_rpcs_per_forward`)."""
+    parts: dict[str, float] = {}
+    for service, rpc_name in (("tgt", "gw.verify"), ("dft", "gw.propose")):
+        rpcs = [r for r in traces.get(rpc_name, []) if window[0] <= r[0] and r[1] <= window[1]]
+        rows: list[dict[str, float]] = []
+        for forward in traces.get(f"{service}.process", []):
+            if not (window[0] <= forward[0] and forward[1] <= window[1]):
+                continue
+            served = [r for r in rpcs if r[0] <= forward[0] and forward[1] <= r[1]
+                      and not any(r[0] <= f[0] < forward[0] for f in inside(traces[f"{service}.process"], r))]
+            if not served:
+                continue
+            rows.append({"first_sent_ms": (forward[0] - min(r[0] for r in served)) / 1e6,
+                         "last_sent_ms": (forward[0] - max(r[0] for r in served)) / 1e6,
+                         "first_answered_ms": (min(r[1] for r in served) - forward[1]) / 1e6,
+                         "last_answered_ms": (max(r[1] for r in served) - forward[1]) / 1e6,
+                         "forward_ms": (forward[1] - forward[0]) / 1e6, "rpcs_per_forward": len(served)})
+        for name in rows[0] if rows else ():
+            parts[f"{service}_{name}"] = statistics.median(row[name] for row in rows)
+        parts[f"{service}_num_forwards"] = len(rows)
+    return parts
+
+
 def _stats_figures(name: str, result: dict) -> dict[str, float]:
     """What the gateway's final stats say of the same run (bench/step_times.py), beside the probes'."""
     keys = ("tok_s", "step_ms", "draft_ms_per_step", "target_ms_per_step", "rpc_overhead_fraction")
@@ -135,6 +168,8 @@ def main() -> None:
     parser.add_argument("--draft-head-rows", type=int, default=None, help="the draft's LM head keeps this many rows")
     parser.add_argument("--pin-services", action="store_true", help="each service on a CPU of its own (--cpus)")
     parser.add_argument("--keep-traces", type=Path, default=None, help="copy the probes' files here")
+    parser.add_argument("--batch", type=int, default=1,
+                        help="concurrent streams; above 1 each batched forward's requests are timed (batch_parts)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     out = args.out or ROOT / "bench" / "results" / ("step_trace_tiny.json" if args.tiny else "step_trace.json")
@@ -168,7 +203,7 @@ def main() -> None:
             plain = spawn("gateway-plain", "gateway", ["--target", target, "--draft", "none", "--log-level", "WARNING"])
             with grpc.insecure_channel(plain) as channel:
                 started = time.perf_counter_ns()
-                result = run_config(gateway_pb2_grpc.GatewayStub(channel), prompts, 1, args.max_new_tokens, 0)
+                result = run_config(gateway_pb2_grpc.GatewayStub(channel), prompts, args.batch, args.max_new_tokens, 0)
                 windows["target_only"] = (started, time.perf_counter_ns())
             metrics.update(_stats_figures("target_only", result))
             continuations = work / "continuations.json"
@@ -179,11 +214,11 @@ def main() -> None:
             gateway = spawn("gateway", "gateway", ["--target", target, "--draft", draft, "--log-level", "WARNING"])
             with grpc.insecure_channel(gateway) as channel:
                 stub = gateway_pb2_grpc.GatewayStub(channel)
-                reference = run_config(stub, prompts, 1, args.max_new_tokens, 4, "plain")["token_ids"]
+                reference = run_config(stub, prompts, args.batch, args.max_new_tokens, 4, "plain")["token_ids"]
                 continuations.write_text(json.dumps(
                     [{"prompt_ids": p, "token_ids": t} for p, t in zip(prompt_ids, reference)]))
                 started = time.perf_counter_ns()
-                result = run_config(stub, prompts, 1, args.max_new_tokens, 4, "oracle-0.8")
+                result = run_config(stub, prompts, args.batch, args.max_new_tokens, 4, "oracle-0.8")
                 windows["spec"] = (started, time.perf_counter_ns())
             metrics.update(_stats_figures("spec", result))
             metrics["outputs_differ_from_reference"] = sum(a != b for a, b in zip(result["token_ids"], reference))
@@ -193,10 +228,13 @@ def main() -> None:
         if args.keep_traces:
             shutil.copytree(traces_dir, args.keep_traces, dirs_exist_ok=True)
             (args.keep_traces / "windows.json").write_text(json.dumps(windows))
+    parts = step_parts if args.batch == 1 else batch_parts  # a step's parts only when steps do not interleave
     for name, window in windows.items():
-        metrics.update({f"{name}_{part}": value for part, value in step_parts(traces, window).items()})
+        metrics.update({f"{name}_{part}": value for part, value in parts(traces, window).items()})
+    metrics["batch"] = args.batch
     save_report("step_trace", metrics, out,
-                note="spec: SYNTHETIC acceptance (oracle draft, alpha 0.8, k 4); random weights; one stream at a time")
+                note="spec: SYNTHETIC acceptance (oracle draft, alpha 0.8, k 4); random weights; "
+                     f"{args.batch} stream(s) at a time")
 
 
 if __name__ == "__main__":
