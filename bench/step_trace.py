@@ -127,7 +127,8 @@ def batch_parts(traces: dict[str, list[Interval]], window: Interval) -> dict[str
     batch); for each forward, how long before its start the first and the last of them were sent
     (`*_first_sent_ms`, `*_last_sent_ms`: the batching loop waits from the one to the other) and how
     long after its end the first and the last were answered (`*_first_answered_ms`,
-    `*_last_answered_ms`), and how many it served (`*_rpcs_per_forward`)."""
+    `*_last_answered_ms`), and how many it served (`*_rpcs_per_forward`). A round trip enclosing several
+    forwards is counted with the first (a request sent before a batch began but left to the next one)."""
     parts: dict[str, float] = {}
     for service, rpc_name in (("tgt", "gw.verify"), ("dft", "gw.propose")):
         rpcs = [r for r in traces.get(rpc_name, []) if window[0] <= r[0] and r[1] <= window[1]]

@@ -1,0 +1,44 @@
+"""bench/step_trace.py's batch timing: each batched forward is matched to the round trips it served."""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+MS = 1_000_000  # ns
+
+
+@pytest.fixture(scope="module")
+def step_trace():
+    path = Path(__file__).resolve().parents[2] / "bench" / "step_trace.py"
+    spec = importlib.util.spec_from_file_location("step_trace", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_each_forward_is_timed_against_the_round_trips_it_served(step_trace):
+    traces = {
+        # forward 1 serves requests sent at 0 and 2 ms; forward 2 the same requests' next round trips,
+        # sent at 12 and 13 ms (each sent before forward 1 ended belongs to forward 1)
+        "tgt.process": [(3 * MS, 8 * MS), (14 * MS, 20 * MS)],
+        "gw.verify": [(0, 9 * MS), (2 * MS, 11 * MS), (12 * MS, 21 * MS), (13 * MS, 24 * MS)],
+    }
+    parts = step_trace.batch_parts(traces, (0, 30 * MS))
+    assert parts["tgt_num_forwards"] == 2
+    assert parts["tgt_rpcs_per_forward"] == 2
+    assert parts["tgt_first_sent_ms"] == pytest.approx(2.5)  # medians of (3, 2)
+    assert parts["tgt_last_sent_ms"] == pytest.approx(1.0)  # of (1, 1)
+    assert parts["tgt_first_answered_ms"] == pytest.approx(1.0)  # of (1, 1)
+    assert parts["tgt_last_answered_ms"] == pytest.approx(3.5)  # of (3, 4)
+    assert parts["tgt_forward_ms"] == pytest.approx(5.5)
+    assert parts["dft_num_forwards"] == 0
+
+
+def test_a_request_sent_while_a_forward_runs_is_timed_against_the_next_one(step_trace):
+    # the request arrived while forward 1 ran and was served by forward 2
+    traces = {"tgt.process": [(0, 5 * MS), (6 * MS, 10 * MS)], "gw.verify": [(1 * MS, 11 * MS)]}
+    parts = step_trace.batch_parts(traces, (0, 20 * MS))
+    assert parts["tgt_num_forwards"] == 1
+    assert parts["tgt_first_sent_ms"] == pytest.approx(5.0)
