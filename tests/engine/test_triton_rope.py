@@ -106,6 +106,20 @@ def test_the_qkv_product_with_rotary_in_its_epilogue_equals_the_product_then_the
         torch.testing.assert_close(fused, two, atol=0, rtol=0)  # the same roundings: the same values
 
 
+def _assert_token_as_if_alone(t: int, x, weight, bias, tables, slots, shape: ModelShape, together) -> None:
+    """Token `t` run through the fused kernel alone writes the query, key and value it got among all
+    (`together`: the query and the two caches of the run of every token)."""
+    q_all, k_all, v_all = together
+    cos, sin, positions = tables
+    k_one, v_one = torch.zeros_like(k_all), torch.zeros_like(v_all)
+    q_one = qkv_rope_and_write_kv(x[t:t + 1], weight, bias, cos, sin, positions[t:t + 1], k_one, v_one,
+                                  slots[t:t + 1], shape)
+    assert torch.equal(q_one[0], q_all[t])
+    slot = int(slots[t])
+    assert torch.equal(k_one.flatten(0, 1)[slot], k_all.flatten(0, 1)[slot])
+    assert torch.equal(v_one.flatten(0, 1)[slot], v_all.flatten(0, 1)[slot])
+
+
 def test_each_token_of_the_fused_qkv_kernel_is_computed_as_if_alone():
     shape, hidden = FUSED_SHAPES[1]
     dtype = torch.bfloat16 if DEVICE == "cuda" else torch.float32
@@ -115,13 +129,7 @@ def test_each_token_of_the_fused_qkv_kernel_is_computed_as_if_alone():
     # on CPU the interpreter's dot is numpy's matmul, which rounds rows 8-15 of a 16-row tile apart
     # from rows 0-7 (the skinny linear's own products differ there too); the GPU's tensor cores do not
     for t in (0, 4, 8) if DEVICE == "cuda" else (0, 2, 5):
-        k_one, v_one = _caches(shape, dtype)
-        q_one = qkv_rope_and_write_kv(x[t:t + 1], weight, b, cos, sin, positions[t:t + 1], k_one, v_one,
-                                      slots[t:t + 1], shape)
-        assert torch.equal(q_one[0], q_all[t])
-        slot = int(slots[t])
-        assert torch.equal(k_one.flatten(0, 1)[slot], k_all.flatten(0, 1)[slot])
-        assert torch.equal(v_one.flatten(0, 1)[slot], v_all.flatten(0, 1)[slot])
+        _assert_token_as_if_alone(t, x, weight, b, (cos, sin, positions), slots, shape, (q_all, k_all, v_all))
 
 
 def test_a_head_dim_narrower_than_a_strip_is_not_taken_by_the_fused_qkv_kernel():
@@ -166,13 +174,7 @@ def test_the_fused_qkv_kernel_in_wide_tiles_gives_each_token_its_bits_alone(shap
     q_two = rope_and_write_kv(skinny_linear(x, weight), cos, sin, positions, k_two, v_two, slots, shape)
     assert torch.equal(q_all, q_two) and torch.equal(k_all, k_two) and torch.equal(v_all, v_two)
     for t in range(num_tokens):
-        k_one, v_one = _caches(shape, dtype, num_slots=num_tokens)
-        q_one = qkv_rope_and_write_kv(x[t:t + 1], weight, None, cos, sin, positions[t:t + 1], k_one, v_one,
-                                      slots[t:t + 1], shape)
-        assert torch.equal(q_one[0], q_all[t])
-        slot = int(slots[t])
-        assert torch.equal(k_one.flatten(0, 1)[slot], k_all.flatten(0, 1)[slot])
-        assert torch.equal(v_one.flatten(0, 1)[slot], v_all.flatten(0, 1)[slot])
+        _assert_token_as_if_alone(t, x, weight, None, (cos, sin, positions), slots, shape, (q_all, k_all, v_all))
 
 
 @pytest.mark.parametrize(("env", "on"), [({}, True), ({"SPECDEC_QKV_ROPE": "1"}, True), ({"SPECDEC_QKV_ROPE": "0"}, False)])
