@@ -12,13 +12,14 @@ work per mode, and a plain grpc.aio ping-pong (no interceptors, bytes messages) 
 with the client's and the server's event loops left to sleep while idle, or kept spinning (a task
 that yields forever: `*_spin_client`, `*_spin_server`, `*_spin_both`) - a thread that sleeps
 through a step's wait pays its wake-up (and its core's idle state's exit) when the answer comes.
-`--idle-cpus` measures it all with a SCHED_IDLE spinner on every CPU (specdec/idle_cpus.py, what
+`--follow`: each spinning loop keeps gRPC's poller thread on its own CPU (specdec/poller_affinity.py,
+what the services' busy polling does). `--idle-cpus` measures it all with a SCHED_IDLE spinner on every CPU (specdec/idle_cpus.py, what
 the services' --idle-poll runs while they serve), so no CPU halts while idle. `--pin` pins the client
 process (every thread of it: the event loop and gRPC's poller) to one CPU and the server's to
 another, so a thread woken by an arriving message wakes on the CPU its spinning loop keeps awake.
 gRPC's poller is our processes' (specdec/__init__.py: the legacy one); `GRPC_EXPERIMENTS= python
 bench/grpc_pingpong.py` measures gRPC's EventEngine (the report's `grpc_experiments` says which ran).
-Usage: python bench/grpc_pingpong.py [--work-ms 4.5] [--rounds 400] [--idle-cpus] [--pin] [--out PATH]
+Usage: python bench/grpc_pingpong.py [--work-ms 4.5] [--rounds 400] [--idle-cpus] [--pin] [--follow] [--out PATH]
 """
 from __future__ import annotations
 
@@ -44,6 +45,7 @@ from report import save_report  # noqa: E402
 from gateway.backends import Proposal, TargetStream  # noqa: E402
 from specdec.cpu_affinity import pin_process  # noqa: E402
 from specdec.idle_cpus import IdleCpus  # noqa: E402
+from specdec.poller_affinity import PollerAffinity  # noqa: E402
 from specdec.serving import open_channel, serve_until_signal, start_server  # noqa: E402
 from specdec.v1 import target_pb2, target_pb2_grpc  # noqa: E402
 
@@ -74,28 +76,35 @@ class EchoTarget(target_pb2_grpc.TargetServiceServicer):
             yield target_pb2.TargetResponse(forward_ns=time.perf_counter_ns() - started, verify=result)
 
 
-async def spin() -> None:
-    """Keeps the running event loop from sleeping: it polls with a zero timeout, never blocks."""
-    while True:
-        await asyncio.sleep(0)
+async def spin(follow: bool) -> None:
+    """Keeps the running event loop from sleeping: it polls with a zero timeout, never blocks. `follow`:
+    gRPC's poller thread kept on the loop's CPU meanwhile, as the services' busy polling does."""
+    poller = PollerAffinity()
+    try:
+        while True:
+            await asyncio.sleep(0)
+            if follow:
+                poller.follow()
+    finally:
+        poller.release()
 
 
-def serve(ready_file: Path, spinning: bool, cpu: int | None) -> None:
+def serve(ready_file: Path, spinning: bool, follow: bool, cpu: int | None) -> None:
     if cpu is not None:
         pin_process(frozenset({cpu}))
 
     async def start():
         if spinning:
-            asyncio.get_running_loop().create_task(spin())
+            asyncio.get_running_loop().create_task(spin(follow))
         return await start_server(lambda s: target_pb2_grpc.add_TargetServiceServicer_to_server(EchoTarget(), s),
                                   ["specdec.v1.TargetService"], "127.0.0.1", 0, ready_file)
 
     asyncio.run(serve_until_signal(start))
 
 
-async def measure(address: str, mode: str, work_us: int, rounds: int, spinning: bool) -> float:
+async def measure(address: str, mode: str, work_us: int, rounds: int, spinning: bool, follow: bool) -> float:
     """Median of (round trip - the handler's time), microseconds."""
-    spinner = asyncio.get_running_loop().create_task(spin()) if spinning else None
+    spinner = asyncio.get_running_loop().create_task(spin(follow)) if spinning else None
     channel = open_channel(address)
     stub = target_pb2_grpc.TargetServiceStub(channel)
     stream = TargetStream(stub.Sequence(), "target")
@@ -151,10 +160,12 @@ def main() -> None:
     parser.add_argument("--cpu", type=int, help=argparse.SUPPRESS)  # the server's CPU (--pin)
     parser.add_argument("--pin", action="store_true", help="the client on one CPU, the server on another")
     parser.add_argument("--idle-cpus", action="store_true", help="a SCHED_IDLE spinner on every CPU throughout")
+    parser.add_argument("--follow", action="store_true",
+                        help="a spinning loop keeps gRPC's poller thread on its CPU (specdec/poller_affinity.py)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "grpc_pingpong.json")
     args = parser.parse_args()
     if args.serve:
-        serve(args.serve, args.spin, args.cpu)
+        serve(args.serve, args.spin, args.follow, args.cpu)
         return
     cpus = sorted(os.sched_getaffinity(0))
     if args.pin and len(cpus) < 2:
@@ -171,6 +182,7 @@ def main() -> None:
             idle_cpus.close()
     metrics["idle_cpus"] = float(args.idle_cpus)
     metrics["pinned"] = float(args.pin)
+    metrics["poller_follows_loop"] = float(args.follow)
     metrics["grpc_experiments"] = os.environ["GRPC_EXPERIMENTS"]
     save_report("grpc_pingpong", metrics, args.out)
 
@@ -182,7 +194,7 @@ def measure_all(args: argparse.Namespace, server_cpu: int | None) -> dict[str, f
         for server_spins in (False, True):
             ready = Path(tmp) / f"addr-{server_spins}"
             server = subprocess.Popen([sys.executable, __file__, "--serve", str(ready),
-                                       *(["--spin"] if server_spins else []),
+                                       *(["--spin"] if server_spins else []), *(["--follow"] if args.follow else []),
                                        *(["--cpu", str(server_cpu)] if server_cpu is not None else [])])
             try:
                 while not ready.exists():
@@ -195,7 +207,7 @@ def measure_all(args: argparse.Namespace, server_cpu: int | None) -> dict[str, f
                               (True, True): "_spin_both"}[(client_spins, server_spins)]
                     for mode in MODES:
                         metrics[f"overhead_us_{mode}{suffix}"] = asyncio.run(measure(
-                            address, mode, 0 if mode == "none" else work_us, args.rounds, client_spins))
+                            address, mode, 0 if mode == "none" else work_us, args.rounds, client_spins, args.follow))
             finally:
                 server.terminate()
                 server.wait(10)

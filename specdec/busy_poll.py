@@ -21,6 +21,9 @@ machine polling made the tiny trio's steps 7-18x slower). The gateway goes by th
 (ModelInfo.device): beside CPU models, as specdec-launch's default CPU trio on a many-core machine,
 a polling gateway would take a core from their torch threads.
 
+While it polls, gRPC's poller thread follows the loop's CPU (specdec/poller_affinity.py): the loop
+keeps that CPU awake, so a message wakes the poller there without waiting for a halted CPU.
+
 `--idle-poll` (same modes, same auto rule; off unless asked) keeps the host's idle CPUs from
 halting while any stream is open: a SCHED_IDLE spinner per CPU (specdec/idle_cpus.py), which wakes
 gRPC's own threads in time where the loop's polling cannot.
@@ -33,6 +36,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from specdec.idle_cpus import IdleCpus
+from specdec.poller_affinity import PollerAffinity
 
 MODES = ("auto", "on", "off")
 MIN_CPUS = 8
@@ -103,6 +107,11 @@ class BusyPoll:
             self._task = None
 
     async def _poll(self) -> None:
-        while True:
-            await asyncio.sleep(0)
-            self.num_polls += 1
+        poller = PollerAffinity()  # gRPC's poller thread on the CPU this loop keeps awake
+        try:
+            while True:
+                await asyncio.sleep(0)
+                self.num_polls += 1
+                poller.follow()
+        finally:
+            poller.release()
