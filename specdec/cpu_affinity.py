@@ -2,10 +2,10 @@
 
 Why a step's round trips may want it: a service waiting for its next message sleeps in gRPC's
 poller thread, and on a VM host whose idle vCPUs halt (the H200 host: specdec/idle_cpus.py) the
-message's arrival wakes that thread only once the hypervisor runs its vCPU again. Busy polling
-(specdec/busy_poll.py) keeps the event loop's own CPU running, not the poller's. On the CPU the
-loop spins on, a woken thread is scheduled at once: pinned to one CPU, the process's poller and its
-spinning loop share it. On this repository's 2-vCPU CI-class VM (`python bench/grpc_pingpong.py
+message's arrival wakes that thread only once the hypervisor runs its vCPU again. On the CPU a
+busy-polling loop (specdec/busy_poll.py) spins on, a woken thread is scheduled at once: pinned to one
+CPU, the process's poller and its spinning loop share it. (Busy polling now moves the poller onto the
+loop's CPU itself while it polls, specdec/poller_affinity.py; pinning still bounds every thread.) On this repository's 2-vCPU CI-class VM (`python bench/grpc_pingpong.py
 --rounds 150 [--pin]`, two runs each) a verify round trip after 4.5 ms of blocking handler work
 cost 401 / 381 us outside the work unpinned and 275 / 318 us pinned, and 215 / 210 against 213 /
 210 with both event loops spinning: pinning pays where nothing else keeps the CPU awake. Off by
