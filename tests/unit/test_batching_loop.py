@@ -6,7 +6,7 @@ import random
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 from engine.batching_loop import BatchingLoop, ReturningCallers
 
@@ -163,6 +163,47 @@ def test_a_request_alone_runs_its_batches_on_the_event_loop_thread():
             assert await loop.submit(step) == step
 
     assert _run_inline_scenario(alone) == ["loop"] * 3
+
+
+def test_a_request_alone_runs_its_job_in_its_own_task_and_an_unfinished_or_failed_one_still_resolves():
+    """Alone, a caller's jobs after its first run inside submit, in its own task: not handed to the
+    loop's task and back (a first job goes there, so jobs submitted with it share its batch). A job
+    left unfinished there (a prefill chunk) goes on in the loop's next batches; a job's error and a bug
+    in process reach the caller, and the loop keeps serving."""
+    calls: list[asyncio.Task | None] = []  # the task each job ran in
+    chunks_left = {"prefill": 2}
+
+    def process(jobs: list[str]) -> list[str | Exception | None]:
+        (job,) = jobs
+        calls.append(asyncio.current_task())
+        if job == "prefill" and chunks_left["prefill"]:
+            chunks_left["prefill"] -= 1
+            return [None]
+        if job == "bad":
+            return [ValueError("bad job")]
+        if job == "bug":
+            raise RuntimeError("bug in process")
+        return [job.upper()]
+
+    async def main() -> None:
+        loop: BatchingLoop[str, str] = BatchingLoop(process, max_batch_size=8, inline=nullcontext)
+        loop.start()
+        me = asyncio.current_task()
+        assert await loop.submit("decode") == "DECODE"  # the first: in the loop's task
+        assert await loop.submit("decode") == "DECODE"
+        assert await loop.submit("prefill") == "PREFILL"  # chunk 1 here, chunks 2 and 3 in the loop's task
+        assert [task is me for task in calls] == [False, True, True, False, False]
+        for job, error in (("bad", "bad job"), ("bug", "bug in process")):
+            try:
+                await loop.submit(job)
+            except (ValueError, RuntimeError) as e:
+                assert str(e) == error
+            else:
+                raise AssertionError(f"{job} did not raise")
+        assert await loop.submit("decode") == "DECODE"
+        await loop.stop()
+
+    asyncio.run(main())
 
 
 def test_a_batch_without_every_open_stream_runs_on_the_worker():
