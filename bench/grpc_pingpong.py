@@ -13,8 +13,9 @@ with the client's and the server's event loops left to sleep while idle, or kept
 that yields forever: `*_spin_client`, `*_spin_server`, `*_spin_both`) - a thread that sleeps
 through a step's wait pays its wake-up (and its core's idle state's exit) when the answer comes.
 `--follow`: each spinning loop keeps gRPC's poller thread on its own CPU (specdec/poller_affinity.py,
-what the services' busy polling does). `--idle-cpus` measures it all with a SCHED_IDLE spinner on every CPU (specdec/idle_cpus.py, what
-the services' --idle-poll runs while they serve), so no CPU halts while idle. `--pin` pins the client
+what the services' busy polling does). `--idle-cpus` measures it all with a SCHED_IDLE spinner on
+every CPU (specdec/idle_cpus.py, what the services' --idle-poll runs while they serve), so no CPU
+halts while idle. `--pin` pins the client
 process (every thread of it: the event loop and gRPC's poller) to one CPU and the server's to
 another, so a thread woken by an arriving message wakes on the CPU its spinning loop keeps awake.
 gRPC's poller is our processes' (specdec/__init__.py: the legacy one); `GRPC_EXPERIMENTS= python

@@ -95,7 +95,7 @@ class BatchingLoop(Generic[J, R]):
         every batch runs on the worker (on CPU always: a second thread would build a second OpenMP
         pool; see torch_thread). With no batch running or waiting, such a caller's job after its first
         runs in its own task, inside `submit`, not handed to the loop's task and back: two event-loop
-        iterations fewer a job (a submit with a no-op process: 17.7 -> 2.7 us on the 2-vCPU VM).
+        iterations fewer a job (a submit with a no-op process: 17.7 -> 2.7-4.1 us on the 2-vCPU VM).
 
         Lingering: while callers answered by earlier batches are due back with their next job
         (ReturningCallers), the next batch waits for them - at most as long as the last batch took

@@ -5,11 +5,11 @@ poller thread, and on a VM host whose idle vCPUs halt (the H200 host: specdec/id
 message's arrival wakes that thread only once the hypervisor runs its vCPU again. On the CPU a
 busy-polling loop (specdec/busy_poll.py) spins on, a woken thread is scheduled at once: pinned to one
 CPU, the process's poller and its spinning loop share it. (Busy polling now moves the poller onto the
-loop's CPU itself while it polls, specdec/poller_affinity.py; pinning still bounds every thread.) On this repository's 2-vCPU CI-class VM (`python bench/grpc_pingpong.py
---rounds 150 [--pin]`, two runs each) a verify round trip after 4.5 ms of blocking handler work
-cost 401 / 381 us outside the work unpinned and 275 / 318 us pinned, and 215 / 210 against 213 /
-210 with both event loops spinning: pinning pays where nothing else keeps the CPU awake. Off by
-default; one CPU per service suits a GPU service at batch 1, whose forwards run on the event loop
+loop's CPU itself while it polls, specdec/poller_affinity.py; pinning still bounds every thread.) On
+this repository's 2-vCPU CI-class VM (`python bench/grpc_pingpong.py --rounds 150 [--pin]`, two runs
+each) a verify round trip after 4.5 ms of blocking handler work cost 401 / 381 us outside the work
+unpinned and 275 / 318 us pinned, and 215 / 210 against 213 / 210 with both event loops spinning:
+pinning pays where nothing else keeps the CPU awake. Off by default; one CPU per service suits a GPU service at batch 1, whose forwards run on the event loop
 (engine/batching_loop.py), not a CPU model's thread pool.
 """
 from __future__ import annotations

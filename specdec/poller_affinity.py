@@ -58,10 +58,11 @@ class PollerAffinity:
         self.cpu = cpu
         for tid in grpc_poller_threads():
             try:
-                self._saved.setdefault(tid, os.sched_getaffinity(tid))
+                cpus = self._saved[tid] if tid in self._saved else os.sched_getaffinity(tid)
                 os.sched_setaffinity(tid, {cpu})
-            except OSError:  # the thread ended, or the CPU is not one it may use: left as it is
-                self._saved.pop(tid, None)
+            except OSError:  # the thread ended, or may not run on this CPU: left where it is
+                continue
+            self._saved[tid] = cpus  # what release() gives back: its CPUs before the first move
 
     def release(self) -> None:
         for tid, cpus in self._saved.items():
