@@ -15,12 +15,13 @@ through a step's wait pays its wake-up (and its core's idle state's exit) when t
 `--follow`: each spinning loop keeps gRPC's poller thread on its own CPU (specdec/poller_affinity.py,
 what the services' busy polling does). `--idle-cpus` measures it all with a SCHED_IDLE spinner on
 every CPU (specdec/idle_cpus.py, what the services' --idle-poll runs while they serve), so no CPU
-halts while idle. `--pin` pins the client
-process (every thread of it: the event loop and gRPC's poller) to one CPU and the server's to
-another, so a thread woken by an arriving message wakes on the CPU its spinning loop keeps awake.
+halts while idle. `--pin` pins the client process (every thread of it: the event loop and gRPC's
+poller) to one CPU and the server's to another, so a thread woken by an arriving message wakes on
+the CPU its spinning loop keeps awake.
 gRPC's poller is our processes' (specdec/__init__.py: the legacy one); `GRPC_EXPERIMENTS= python
 bench/grpc_pingpong.py` measures gRPC's EventEngine (the report's `grpc_experiments` says which ran).
-Usage: python bench/grpc_pingpong.py [--work-ms 4.5] [--rounds 400] [--idle-cpus] [--pin] [--follow] [--out PATH]
+Usage: python bench/grpc_pingpong.py [--work-ms 4.5] [--rounds 400] [--idle-cpus] [--pin] [--follow]
+                                     [--out PATH]
 """
 from __future__ import annotations
 
