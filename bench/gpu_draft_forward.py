@@ -4,7 +4,8 @@ activations, prompt 512 (--prompt), the draft service's layer kernels (auto).
 Each variant builds the runner afresh (its graphs captured with the setting) and gives the device
 time of a batch-1 decode replay (q = 1) and the wall time of a k = 4 greedy proposal through the
 draft's captured loop at batch 1 and 8 (host sync included). The levers:
-  * int8    weight-only int8 for the wide products (--quantize int8; `int8all`: every product)
+  * int8    weight-only int8 for the wide products (--quantize int8; `int8all`: every product);
+            `w8a8` every product int8 with int8 activations (--quantize w8a8)
   * 32k     an LM head of 32 768 vocabulary rows (engine/subset_head.py, as distilled drafts keep)
   * pdl     programmatic dependent launch (engine/pdl.py)
   * splitN  narrow products of a long K split in N K ranges (engine/triton_linear.SPLIT_K; `split1`
@@ -77,7 +78,7 @@ def settings(name: str) -> dict:
     split = next((int(p.removeprefix("split")) for p in parts if p.startswith("split")), 1)
     attention_splits = next((int(p.removeprefix("attn")) for p in parts if p.startswith("attn")), MAX_FILL_SPLITS)
     return {
-        "quantize": "int8" if parts[0].startswith("int8") else "none",
+        "quantize": "w8a8" if parts[0] == "w8a8" else "int8" if parts[0].startswith("int8") else "none",
         "min_int8_out": 0 if parts[0] == "int8all" else MIN_INT8_OUT,
         "head_rows": HEAD_ROWS if "32k" in parts else None,
         "pdl": "pdl" in parts,

@@ -27,7 +27,7 @@ every running service's threads pinned to a CPU of its own from here (the same a
 sets, on the same processes): `*_pinned` metrics.
 Usage: python bench/gpu_e2e.py [--tiny] [--skip-hf] [--layer-kernels auto|fused|reference]
                                [--batches 1 8] [--ks 2 4] [--draft-ahead] [--draft-gpu N]
-                               [--draft-head-rows N] [--draft-quantize none|int8] [--busy-poll auto|on|off]
+                               [--draft-head-rows N] [--draft-quantize none|int8|w8a8] [--busy-poll auto|on|off]
                                [--idle-poll auto|on|off] [--idle-cpus-ab] [--pin-services] [--pin-ab]
                                [--[no-]draft-pdl] [--out PATH]
 """
@@ -189,7 +189,7 @@ def main() -> None:
     parser.add_argument("--draft-gpu", type=int, default=None, help="the draft service on this GPU alone")
     parser.add_argument("--draft-head-rows", type=int, default=None,
                         help="the draft's LM head keeps this many vocabulary rows (default: all)")
-    parser.add_argument("--draft-quantize", choices=["none", "int8"], default="none",
+    parser.add_argument("--draft-quantize", choices=["none", "int8", "w8a8"], default="none",
                         help="the draft's weights: int8 halves the bytes a draft step reads (engine/linear.py)")
     parser.add_argument("--draft-pdl", action=argparse.BooleanOptionalAction, default=True,
                         help="the draft's kernels with programmatic dependent launch (engine/pdl.py; the draft "
@@ -224,6 +224,7 @@ def main() -> None:
                                       tokenizer)
         metrics["draft_head_rows"] = args.draft_head_rows or draft_shape["vocab_size"]
         metrics["draft_int8"] = float(args.draft_quantize == "int8")
+        metrics["draft_w8a8"] = float(args.draft_quantize == "w8a8")
         metrics["busy_poll"] = args.busy_poll
         idle_poll = "off" if args.idle_cpus_ab else args.idle_poll
         metrics["idle_poll"] = idle_poll

@@ -22,7 +22,7 @@ spinner the probe had then, as `--busy-poll on` does now at one stream.
 `--batch N` runs N streams at once; the steps of concurrent requests interleave, so instead of a
 step's parts it times each batched forward's requests: how long before the forward the first and
 the last were sent, and how long after it the first and the last were answered (`batch_parts`).
-Usage: python bench/step_trace.py [--tiny] [--busy-poll auto|on|off] [--draft-quantize none|int8]
+Usage: python bench/step_trace.py [--tiny] [--busy-poll auto|on|off] [--draft-quantize none|int8|w8a8]
                                   [--draft-head-rows N] [--pin-services] [--batch N] [--keep-traces DIR]
                                   [--out PATH]
 """
@@ -164,7 +164,7 @@ def main() -> None:
     parser.add_argument("--prompt-tokens", type=int, default=128)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--num-prompts", type=int, default=4)
-    parser.add_argument("--draft-quantize", choices=["none", "int8"], default="none")
+    parser.add_argument("--draft-quantize", choices=["none", "int8", "w8a8"], default="none")
     parser.add_argument("--busy-poll", choices=["auto", "on", "off"], default="auto")
     parser.add_argument("--draft-head-rows", type=int, default=None, help="the draft's LM head keeps this many rows")
     parser.add_argument("--pin-services", action="store_true", help="each service on a CPU of its own (--cpus)")

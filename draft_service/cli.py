@@ -6,6 +6,7 @@ from dataclasses import replace
 
 from draft_service.server import run
 from engine import pdl
+from engine.model_runner import QUANTIZE_MODES
 from engine.model_source import DEFAULT_MODEL
 from specdec.cli_args import add_runtime_args, add_server_args, env_default, runtime_config, setup_logging
 from specdec.tls import add_server_tls_args
@@ -22,10 +23,12 @@ def main(argv: list[str] | None = None) -> None:
                         help="enables LoadDraft/UnloadDraft for callers sending 'authorization: Bearer TOKEN' "
                              "(prefer the env var: flags show in ps)")
     add_runtime_args(parser, "SPECDEC_DRAFT", DEFAULT_MODEL)
-    parser.add_argument("--quantize", choices=["none", "int8"], default=env_default("SPECDEC_DRAFT", "quantize", None),
-                        help="weight-only int8 drafts (default: int8 on CPU, where a draft step is bound by the bytes "
+    parser.add_argument("--quantize", choices=list(QUANTIZE_MODES),
+                        default=env_default("SPECDEC_DRAFT", "quantize", None),
+                        help="int8: weight-only int8 drafts (default on CPU, where a draft step is bound by the bytes "
                              "it reads; none on GPU, where int8 takes the wide products only: docs/benchmarks.md, 'A draft in "
-                             "int8'). A draft's numerics never change the output")
+                             "int8'); w8a8: every linear int8, and on CUDA its inputs too (int8 tensor cores). "
+                             "A draft's numerics never change the output")
     parser.add_argument("--draft-ahead", action=argparse.BooleanOptionalAction,
                         default=env_default("SPECDEC_DRAFT", "draft_ahead", "0") not in ("0", "false", ""),
                         help="greedy requests: go on drafting while the target verifies, as if all were accepted; "

@@ -14,7 +14,10 @@ Per layer, seven kernels around attention instead of a dozen:
 
 and the LM head as two more (final norm, product; a draft's reduced head, engine/subset_head.py,
 its rows' product placed into the vocabulary). A draft's int8 linears (--quantize int8,
-engine/linear.Int8Linear) go through the same kernels, which read their int8 rows. These kernels
+engine/linear.Int8Linear) go through the same kernels, which read their int8 rows; with int8
+activations too (--quantize w8a8) each product's input arrives as int8 rows and their scales, from
+the norm kernel before it or, after attention and gate/up, from a kernel of its own
+(engine/triton_quant.py): two kernels a layer more, every product on int8 tensor cores. These kernels
 compute a row as if it were alone, and with them the engine fixes attention's key ranges
 (engine/triton_attention.py), so a token's logits are the same bits in a decode, a verify, or any
 batch around it.
@@ -36,12 +39,13 @@ import torch
 from torch import nn
 
 from engine.batch import ForwardBatch
-from engine.linear import weight_and_scale
+from engine.linear import int8_activations, weight_and_scale
 from engine.llama import AttentionFn, CausalLM, DecoderLayer, LayerStages, Rotary
 from engine.subset_head import SubsetLMHead
 from engine.triton_layer import check_every_sm_is_ours, layer_barrier, layer_forward, layer_supported
 from engine.triton_linear import skinny_linear, split_counters
 from engine.triton_norm import rms_norm_triton
+from engine.triton_quant import quantize_rows
 from engine.triton_rope import qkv_rope_and_write_kv, qkv_rope_block_n, rope_and_write_kv
 
 CPU_MAX_ROWS = 16
@@ -73,7 +77,8 @@ class FusedStages(LayerStages):
 
     def forward_layer(self, layer: DecoderLayer, hidden: torch.Tensor, rotary: Rotary, k_cache: torch.Tensor,
                       v_cache: torch.Tensor, batch: ForwardBatch, attention: AttentionFn) -> torch.Tensor:
-        if self.layer_barrier is None or not self._is_fused_step(hidden) or not layer_supported(layer):
+        if (self.layer_barrier is None or not self._is_fused_step(hidden) or not layer_supported(layer)
+                or int8_activations(layer.qkv)):
             return super().forward_layer(layer, hidden, rotary, k_cache, v_cache, batch, attention)
         counters = self.counters if self.counters is not None else split_counters(hidden.device)
         return layer_forward(layer, hidden, rotary, k_cache, v_cache, batch, counters, self.layer_barrier)
@@ -82,30 +87,32 @@ class FusedStages(LayerStages):
                          k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> torch.Tensor:
         if not self._is_fused_step(hidden):
             return super().attention_inputs(layer, hidden, rotary, k_cache, v_cache, slot_mapping)
-        x = rms_norm_triton(hidden, layer.input_norm, layer.eps)
+        x, x_scale = self._normed(hidden, layer.input_norm, layer.eps, layer.qkv)
         weight, scale = weight_and_scale(layer.qkv)
         tables = (rotary.cos_table, rotary.sin_table, rotary.positions)  # the kernels read the rows themselves
-        if QKV_ROPE and qkv_rope_block_n(weight, layer.shape, int8=scale is not None) is not None:
+        if QKV_ROPE and qkv_rope_block_n(weight, layer.shape, scale is not None, x_scale is not None) is not None:
             return qkv_rope_and_write_kv(x, weight, layer.qkv.bias, *tables, k_cache, v_cache, slot_mapping,
-                                         layer.shape, scale=scale)
-        return rope_and_write_kv(self._product(x, layer.qkv), *tables, k_cache, v_cache, slot_mapping, layer.shape)
+                                         layer.shape, scale=scale, x_scale=x_scale)
+        qkv = self._product(x, layer.qkv, x_scale=x_scale, out_dtype=hidden.dtype)
+        return rope_and_write_kv(qkv, *tables, k_cache, v_cache, slot_mapping, layer.shape)
 
     def attention_output(self, layer: DecoderLayer, hidden: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
         if not self._is_fused_step(hidden):
             return super().attention_output(layer, hidden, attn)
         hidden = self._product(attn.flatten(1), layer.o_proj, residual=hidden)
-        x = rms_norm_triton(hidden, layer.post_attention_norm, layer.eps)
-        act = self._product(x, layer.gate_up, silu_mul=True)
+        x, x_scale = self._normed(hidden, layer.post_attention_norm, layer.eps, layer.gate_up)
+        act = self._product(x, layer.gate_up, x_scale=x_scale, silu_mul=True, out_dtype=hidden.dtype)
         return self._product(act, layer.down_proj, residual=hidden)
 
     def logits(self, model: CausalLM, hidden: torch.Tensor) -> torch.Tensor:
         if not self._is_fused_step(hidden):
             return super().logits(model, hidden)
-        x = rms_norm_triton(hidden, model.norm, model.eps)
         head = model.lm_head
-        if isinstance(head, SubsetLMHead):  # a draft's reduced head: its rows' product, -inf elsewhere
-            return head.to_vocab(self._product(x, head.rows).float())
-        return self._product(x, head).float()
+        linear = head.rows if isinstance(head, SubsetLMHead) else head
+        x, x_scale = self._normed(hidden, model.norm, model.eps, linear)
+        logits = self._product(x, linear, x_scale=x_scale, out_dtype=hidden.dtype).float()
+        # a draft's reduced head: its rows' product, -inf elsewhere
+        return head.to_vocab(logits) if isinstance(head, SubsetLMHead) else logits
 
     def greedy_ids(self, model: CausalLM, hidden: torch.Tensor) -> torch.Tensor:
         head = model.lm_head
@@ -113,15 +120,29 @@ class FusedStages(LayerStages):
             return super().greedy_ids(model, hidden)
         # the argmax of the product's own dtype: widening to float32 is exact and keeps the order (and
         # the first of tied rows), so the pick is the same without one more kernel a forward
-        return head.greedy_ids(self._product(rms_norm_triton(hidden, model.norm, model.eps), head.rows))
+        x, x_scale = self._normed(hidden, model.norm, model.eps, head.rows)
+        return head.greedy_ids(self._product(x, head.rows, x_scale=x_scale, out_dtype=hidden.dtype))
 
     def _is_fused_step(self, hidden: torch.Tensor) -> bool:
         if not hidden.is_cuda:
             return hidden.shape[0] <= CPU_MAX_ROWS
         return torch.cuda.is_current_stream_capturing() and (self.max_rows is None or hidden.shape[0] <= self.max_rows)
 
-    def _product(self, x: torch.Tensor, linear: nn.Module, **epilogue: object) -> torch.Tensor:
-        """`linear`'s product through the skinny kernel."""
+    @staticmethod
+    def _normed(hidden: torch.Tensor, weight: torch.Tensor, eps: float,
+                linear: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The normed rows for `linear`'s product: int8 and their scales where it takes int8 activations."""
+        if int8_activations(linear):
+            return rms_norm_triton(hidden, weight, eps, quantize=True)
+        return rms_norm_triton(hidden, weight, eps), None
+
+    def _product(self, x: torch.Tensor, linear: nn.Module, x_scale: torch.Tensor | None = None,
+                 **epilogue: object) -> torch.Tensor:
+        """`linear`'s product through the skinny kernel (float rows of x quantized first where it takes
+        int8 activations)."""
         weight, scale = weight_and_scale(linear)
-        return skinny_linear(x, weight, linear.bias, scale=scale, counters=self.counters, **epilogue)
+        if int8_activations(linear) and x_scale is None:
+            epilogue.setdefault("out_dtype", x.dtype)
+            x, x_scale = quantize_rows(x)
+        return skinny_linear(x, weight, linear.bias, scale=scale, x_scale=x_scale, counters=self.counters, **epilogue)
 

@@ -56,10 +56,15 @@ class Int8Linear(nn.Module):
     fused kernels read the int8 rows directly (engine/triton_linear.py's `scale`); other forwards
     (prefill chunks, batches past the fused kernels' rows) multiply the dequantized weight, made
     for the product and dropped after it (compute-bound forwards, where the extra bytes cost little).
+
+    `int8_activations` (W8A8, --quantize w8a8): the fused kernels take x as int8 rows too and multiply
+    on int8 tensor cores (engine/triton_quant.py, triton_linear.py); the other forwards round x as
+    those rows would (quantize_rows_reference) and multiply as above.
     """
 
-    def __init__(self, layer: nn.Module) -> None:
+    def __init__(self, layer: nn.Module, int8_activations: bool = False) -> None:
         super().__init__()
+        self.int8_activations = int8_activations
         weight = layer.weight.detach().float()
         scale = weight.abs().amax(dim=1).clamp_min(1e-12) / 127
         self.register_buffer("qweight", (weight / scale[:, None]).round().clamp(-128, 127).to(torch.int8))
@@ -67,6 +72,9 @@ class Int8Linear(nn.Module):
         self.bias = layer.bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.int8_activations:
+            q, scales = quantize_rows_reference(x.reshape(-1, x.shape[-1]))
+            x = (q.float() * scales[:, None]).to(x.dtype).view(x.shape)
         if x.device.type != "cpu":
             return F.linear(x, dequantize_int8(self.qweight, self.scale, x.dtype), self.bias)
         rows = x.reshape(-1, x.shape[-1]).to(torch.bfloat16).contiguous()
@@ -81,6 +89,21 @@ def weight_and_scale(linear: nn.Module) -> tuple[torch.Tensor, torch.Tensor | No
     if isinstance(linear, Int8Linear):
         return linear.qweight, linear.scale
     return linear.weight, None
+
+
+def int8_activations(linear: nn.Module) -> bool:
+    """Whether the Triton products take this linear's input as int8 rows (W8A8)."""
+    return isinstance(linear, Int8Linear) and linear.int8_activations
+
+
+def quantize_rows_reference(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] -> int8 [M, K] and float32 scales [M]: each row over its largest magnitude / 127,
+    rounded half away from zero (engine/triton_quant.py's kernel, the same values)."""
+    xf = x.float()
+    scales = xf.abs().amax(dim=-1).clamp_min(1e-12) / 127.0
+    v = xf / scales[:, None]
+    q = (v + torch.where(v >= 0, 0.5, -0.5)).clamp(-127.0, 127.0).trunc()
+    return q.to(torch.int8), scales
 
 
 def dequantize_int8(qweight: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -98,15 +121,15 @@ def dequantize_int8(qweight: torch.Tensor, scale: torch.Tensor, dtype: torch.dty
 CUDA_MIN_INT8_OUT_FEATURES = 8192
 
 
-def quantize_int8(module: nn.Module, min_out_features: int = 0) -> None:
+def quantize_int8(module: nn.Module, min_out_features: int = 0, int8_activations: bool = False) -> None:
     """Replaces every linear child of `module` (recursively; nn.Linear or CpuLinear) of at least
-    `min_out_features` outputs with an Int8Linear."""
+    `min_out_features` outputs with an Int8Linear (W8A8 with `int8_activations`)."""
     for name, child in module.named_children():
         if isinstance(child, nn.Linear | CpuLinear):
             if child.weight.shape[0] >= min_out_features:
-                setattr(module, name, Int8Linear(child))
+                setattr(module, name, Int8Linear(child, int8_activations))
         else:
-            quantize_int8(child, min_out_features)
+            quantize_int8(child, min_out_features, int8_activations)
 
 
 def use_cpu_linear(module: nn.Module) -> None:

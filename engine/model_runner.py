@@ -24,6 +24,7 @@ from specdec.errors import InvalidRequestError
 log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+QUANTIZE_MODES = ("none", "int8", "w8a8")
 
 
 @dataclass(frozen=True)
@@ -46,7 +47,9 @@ class RuntimeConfig:
     layer_kernels: str = "auto"
     use_cuda_graphs: bool = True  # decode/verify steps replay captured graphs (CUDA only)
     use_compile: bool = True  # torch.compile each layer's element-wise stages (CUDA only)
-    quantize: str = "none"  # "int8": weight-only int8 linears, for drafts (engine/linear.Int8Linear)
+    # drafts: "int8": weight-only int8 linears (engine/linear.Int8Linear); "w8a8": every linear int8, and on
+    # CUDA their inputs too in graph steps (int8 tensor cores: engine/triton_quant.py)
+    quantize: str = "none"
     max_batch_size: int = 64  # sequences a forward steps at most: CUDA graphs are captured up to its bucket
     cache_dir: Path = field(default_factory=default_cache_dir)
 
@@ -61,8 +64,8 @@ class RuntimeConfig:
             raise ValueError("max_model_len must be >= 2")
         if self.max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {self.max_batch_size}")
-        if self.quantize not in ("none", "int8"):
-            raise ValueError(f"quantize must be 'none' or 'int8', got {self.quantize!r}")
+        if self.quantize not in QUANTIZE_MODES:
+            raise ValueError(f"quantize must be one of {', '.join(QUANTIZE_MODES)}, got {self.quantize!r}")
         if self.layer_kernels not in ("auto", "fused", "reference", "layer"):
             raise ValueError(f"layer_kernels must be auto, fused, layer or reference, got {self.layer_kernels!r}")
         if self.attention_backend not in ("auto", "triton", "reference"):
@@ -102,6 +105,8 @@ class ModelRunner:
         self.model = CausalLM(loaded.hf_model, self.max_model_len + POSITION_HEADROOM)
         if config.quantize == "int8":  # engine/linear.Int8Linear: on CUDA the wide products only
             quantize_int8(self.model, CUDA_MIN_INT8_OUT_FEATURES if device.type == "cuda" else 0)
+        elif config.quantize == "w8a8":
+            quantize_int8(self.model, int8_activations=True)
         elif device.type == "cpu":
             use_cpu_linear(self.model)  # few-row forwards (verify, catch-up) in MKL's fast form: engine/linear.py
         self.tokenizer = loaded.tokenizer
@@ -134,7 +139,7 @@ class ModelRunner:
             from engine.fused_stages import AUTO_MAX_ROWS  # needs triton, only here
 
             # int8 weights: every graph step (outside them a product dequantizes its whole weight first)
-            self.model.use_fused_kernels(max_rows=None if config.quantize == "int8" else AUTO_MAX_ROWS,
+            self.model.use_fused_kernels(max_rows=None if config.quantize != "none" else AUTO_MAX_ROWS,
                                          layer_kernel=config.layer_kernels == "layer")
         if config.use_cuda_graphs and device.type == "cuda":
             self.graphs = CudaGraphRunner(self.model, self.kv, self.attention, self.max_model_len, self._graph_config,

@@ -10,6 +10,11 @@ over the rows padded to 16), fusing into its epilogue:
   scale      int8 weights (engine/linear.Int8Linear, for drafts): the strip is read as int8, half
              of bf16's bytes, widened to the activations' dtype for the dot, and each column's
              float32 sum multiplied by its row's scale
+  x_scale    int8 activations too (W8A8, --quantize w8a8): x arrives as int8 rows and one float32
+             scale a row (engine/triton_quant.py), and the dot runs on int8 tensor cores into int32,
+             exact; nothing is widened in the loop, which the W8A16 strips spend their time on (H200,
+             Llama-3.2-1B, 1 row, us: qkv 7.8 bf16 -> 4.7, o 7.2 -> 4.4, gate/up 12.5 int8 -> 10.4,
+             down 12.8 bf16 -> 8.1, a 32k head 22.9 int8 -> 18.8; bench/results/probe_w8a8.json)
   silu_mul   for gate/up weights with interleaved rows (gate_0, up_0, gate_1, ...): each program
              pairs its columns and writes silu(gate) * up, half as many columns
   bias       before rounding, like addmm
@@ -67,9 +72,12 @@ class LaunchConfig:
     block_m: int = BLOCK_M  # rows a program
 
 
-def launch_config(n: int, k: int, int8: bool = False, rows: int = 1) -> LaunchConfig:
+def launch_config(n: int, k: int, int8: bool = False, rows: int = 1, act_int8: bool = False) -> LaunchConfig:
     """The configuration for a product of `rows` rows: up to 16 rows a function of the weight's shape and
-    element size only, more take `wide_launch_config`'s (the same bits a row: see the module doc)."""
+    element size only, more take `wide_launch_config`'s (the same bits a row: see the module doc).
+    `act_int8`: int8 activations as well (W8A8), 16-row tiles at any row count."""
+    if act_int8:
+        return _w8a8_launch_config(n, k)
     config = _launch_config(n, k, int8)
     if rows <= BLOCK_M or int8 or config.split_k > 1:
         return config
@@ -121,32 +129,48 @@ def _int8_launch_config(n: int, k: int) -> LaunchConfig:
     return LaunchConfig(bf16.block_n, block_k, bf16.num_warps, bf16.num_stages, bf16.split_k)
 
 
+def _w8a8_launch_config(n: int, k: int) -> LaunchConfig:
+    """int8 x int8: the best of bench/probe_w8a8.py's sweep on the H200 (Llama-3.2-1B shapes, 1 and 5 rows):
+    2 warps and 4 stages everywhere but the LM head; the down projection split along K as bf16's is."""
+    if n >= 32768:  # LM heads
+        return LaunchConfig(block_n=64, block_k=256, num_warps=4, num_stages=3)
+    if n >= 16384:  # gate/up projections
+        return LaunchConfig(block_n=64, block_k=256, num_warps=2, num_stages=4)
+    if n < 4096 and k >= SPLIT_K_MIN_K:
+        return LaunchConfig(block_n=32, block_k=256, num_warps=2, num_stages=4, split_k=SPLIT_K)
+    return LaunchConfig(block_n=32, block_k=512 if k % 512 == 0 else 256, num_warps=2, num_stages=4)
+
+
 @triton.jit
 def strip_product(x_ptr, w_ptr, rows, w_rows, row_ok, col_ok, K, stride_xm, stride_wn, k_first, k_per_split,
                   HAS_SCALE: tl.constexpr, EVEN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                  BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                  BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr, A_INT8: tl.constexpr = False):
     """float32 [BLOCK_M, BLOCK_N]: x's `rows` times W's rows `w_rows` (any BLOCK_N of them, each
     contiguous along K) over the K range from `k_first`, streamed through the software pipeline.
-    `EVEN`: no masks (every W row exists, K a multiple of BLOCK_K). The fused QKV-rotary kernel's
+    `EVEN`: no masks (every W row exists, K a multiple of BLOCK_K). `A_INT8`: x and W int8, their
+    exact int32 sum (the caller multiplies in both scales). The fused QKV-rotary kernel's
     loop (engine/triton_rope.py); product_tile keeps its own copy of these lines: called
     from there, this changed its machine code (PTX), which the H200 figures were measured without."""
     offs_k = tl.arange(0, BLOCK_K)
     dtype = x_ptr.dtype.element_ty
     x_rows = x_ptr + rows[:, None].to(tl.int64) * stride_xm
     w_cols = w_ptr + w_rows[:, None].to(tl.int64) * stride_wn
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.int32 if A_INT8 else tl.float32)
     for k0 in range(k_first, tl.minimum(K, k_first + k_per_split), BLOCK_K):
         k = k0 + offs_k
         k_ok = k < K
         if EVEN:
             w = tl.load(w_cols + k[None, :])
         else:
-            w = tl.load(w_cols + k[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
-        if HAS_SCALE:  # int8 values are exact in bf16, fp16 and float32
-            w = w.to(dtype)
-        a = tl.load(x_rows + k[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-        acc += tl.dot(a, tl.trans(w), input_precision=DOT_PRECISION)
-    return acc
+            w = tl.load(w_cols + k[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0)
+        a = tl.load(x_rows + k[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0)
+        if A_INT8:
+            acc += tl.dot(a, tl.trans(w), out_dtype=tl.int32)
+        else:
+            if HAS_SCALE:  # int8 values are exact in bf16, fp16 and float32
+                w = w.to(dtype)
+            acc += tl.dot(a, tl.trans(w), input_precision=DOT_PRECISION)
+    return acc.to(tl.float32)
 
 
 @triton.jit
@@ -165,17 +189,20 @@ def product_tile(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    x_scale_ptr=None,
+    A_INT8: tl.constexpr = False,
 ):
-    """One program's work: the kernel's, and a stage of engine/triton_layer.py's layer kernel."""
+    """One program's work: the kernel's, and a stage of engine/triton_layer.py's layer kernel. `A_INT8`:
+    x int8 with a float32 scale a row at `x_scale_ptr` (W8A8), its K range's sum exact in int32."""
     rows = row_tile * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = strip * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
     row_ok = rows < M
     col_ok = cols < N
-    dtype = x_ptr.dtype.element_ty
+    dtype = out_ptr.dtype.element_ty if A_INT8 else x_ptr.dtype.element_ty  # the activations'
     x_rows = x_ptr + rows[:, None].to(tl.int64) * stride_xm
     w_cols = w_ptr + cols[:, None].to(tl.int64) * stride_wn
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.int32 if A_INT8 else tl.float32)
     k_first = split * k_per_split  # this program's K range (all of K without a split)
     for k0 in range(k_first, tl.minimum(K, k_first + k_per_split), BLOCK_K):
         k = k0 + offs_k
@@ -183,11 +210,17 @@ def product_tile(
         if EVEN_K and EVEN_N:
             w = tl.load(w_cols + k[None, :])
         else:
-            w = tl.load(w_cols + k[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
-        if HAS_SCALE:  # int8 values are exact in bf16, fp16 and float32
-            w = w.to(dtype)
-        a = tl.load(x_rows + k[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-        acc += tl.dot(a, tl.trans(w), input_precision=DOT_PRECISION)
+            w = tl.load(w_cols + k[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0)
+        a = tl.load(x_rows + k[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0)
+        if A_INT8:
+            acc += tl.dot(a, tl.trans(w), out_dtype=tl.int32)
+        else:
+            if HAS_SCALE:  # int8 values are exact in bf16, fp16 and float32
+                w = w.to(dtype)
+            acc += tl.dot(a, tl.trans(w), input_precision=DOT_PRECISION)
+    acc = acc.to(tl.float32)
+    if A_INT8:  # each row's scale (rows past M: 0)
+        acc *= tl.load(x_scale_ptr + rows, mask=row_ok, other=0.0)[:, None]
     if SPLIT_K > 1:  # the partial sums to the workspace; the strip's last program adds them, in K order
         tile_mask = row_ok[:, None] & col_ok[None, :]
         parts = part_ptr + rows[:, None].to(tl.int64) * N + cols[None, :]
@@ -239,6 +272,8 @@ def _skinny_linear_kernel(
     BLOCK_K: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     USE_PDL: tl.constexpr,
+    x_scale_ptr,
+    A_INT8: tl.constexpr,
 ):
     if USE_PDL:  # engine/pdl.py: wait for the previous kernel before any load or store
         tl.extra.cuda.gdc_wait()
@@ -246,7 +281,7 @@ def _skinny_linear_kernel(
     product_tile(tl.program_id(0), tl.program_id(1), tl.program_id(2), tl.num_programs(1),
                  x_ptr, w_ptr, out_ptr, bias_ptr, res_ptr, scale_ptr, part_ptr, count_ptr,
                  M, N, K, stride_xm, stride_wn, stride_om, stride_rm, k_per_split, SPLIT_K, SILU_MUL, HAS_BIAS,
-                 HAS_RESIDUAL, HAS_SCALE, EVEN_K, EVEN_N, BLOCK_M, BLOCK_N, BLOCK_K, DOT_PRECISION)
+                 HAS_RESIDUAL, HAS_SCALE, EVEN_K, EVEN_N, BLOCK_M, BLOCK_N, BLOCK_K, DOT_PRECISION, x_scale_ptr, A_INT8)
 
 
 def skinny_linear(
@@ -255,6 +290,7 @@ def skinny_linear(
     bias: torch.Tensor | None = None,  # [N]
     *,
     scale: torch.Tensor | None = None,  # [N]: weight is int8, its row n standing for weight[n] * scale[n]
+    x_scale: torch.Tensor | None = None,  # [M] float32: x is int8 too, its row m standing for x[m] * x_scale[m]
     silu_mul: bool = False,
     residual: torch.Tensor | None = None,  # [M, N] ([M, N / 2] with silu_mul), added last
     out_dtype: torch.dtype | None = None,
@@ -274,17 +310,22 @@ def skinny_linear(
     else:
         assert weight.dtype == torch.int8 and scale.shape == (n,) and scale.is_contiguous(), \
             f"scale [N] goes with int8 weights, got {weight.dtype} and {tuple(scale.shape)}"
-        assert x.dtype != torch.int8
+        assert (x.dtype == torch.int8) == (x_scale is not None), "int8 rows of x go with their x_scale"
+    if x_scale is not None:
+        assert scale is not None and x_scale.shape == (m,) and x_scale.dtype == torch.float32, \
+            "x_scale [M] float32 goes with int8 x and int8 weights"
+        assert out_dtype is not None or residual is not None, "int8 x: name the output's dtype"
     assert x.stride(1) == 1 and weight.stride(1) == 1, "rows must be contiguous"
     assert x.device == weight.device
     if bias is not None:
         assert bias.shape == (n,) and bias.is_contiguous()
     if residual is not None:
         assert residual.shape == (m, n_out) and residual.stride(1) == 1
-    out = torch.empty((m, n_out), dtype=out_dtype or x.dtype, device=x.device)
+    out_dtype = out_dtype or (residual.dtype if residual is not None else x.dtype)
+    out = torch.empty((m, n_out), dtype=out_dtype, device=x.device)
     if m == 0:
         return out
-    config = config or launch_config(n, k, int8=scale is not None, rows=m)
+    config = config or launch_config(n, k, int8=scale is not None, rows=m, act_int8=x_scale is not None)
     assert config.block_n % 2 == 0
     # row tiles vary fastest: the programs that share a strip of W run together and read it from L2
     grid = (triton.cdiv(m, config.block_m), triton.cdiv(n, config.block_n), config.split_k)
@@ -311,6 +352,7 @@ def skinny_linear(
         # float32 models stay exact float32 (no TF32)
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
         num_warps=config.num_warps, num_stages=config.num_stages, **pdl.launch_options(x.device),
+        x_scale_ptr=x_scale if x_scale is not None else x, A_INT8=x_scale is not None,
     )
     return out
 
@@ -329,11 +371,20 @@ def skinny_linear_reference(
     bias: torch.Tensor | None = None,
     *,
     scale: torch.Tensor | None = None,
+    x_scale: torch.Tensor | None = None,
     silu_mul: bool = False,
     residual: torch.Tensor | None = None,
     out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
-    """`skinny_linear` in PyTorch ops."""
+    """`skinny_linear` in PyTorch ops (int8 x: the exact integer sums, in float64, then the scales)."""
+    if x_scale is not None:
+        dtype = out_dtype or residual.dtype
+        sums = (x.double() @ weight.double().t()).float() * x_scale[:, None] * scale.float()[None, :]
+        out = sums if bias is None else sums + bias.float()
+        out = out.to(dtype)
+        if silu_mul:
+            out = silu_mul_interleaved(out)
+        return out if residual is None else (residual + out).to(dtype)
     if scale is not None:
         weight = dequantize_int8(weight, scale, x.dtype)
     out = F.linear(x, weight, bias)

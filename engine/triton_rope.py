@@ -133,8 +133,10 @@ def qkv_rope_strip(
     NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, EVEN_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    x_scale_ptr=None, A_INT8: tl.constexpr = False,
 ):
-    """One (row tile, column strip): the kernel's program, and a stage of engine/triton_layer.py's."""
+    """One (row tile, column strip): the kernel's program, and a stage of engine/triton_layer.py's.
+    `A_INT8`: x int8 with a float32 scale a row at `x_scale_ptr` (W8A8)."""
     HALF: tl.constexpr = HEAD_DIM // 2
     PAIRS: tl.constexpr = BLOCK_N // 2
     rows = row_tile * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -147,7 +149,9 @@ def qkv_rope_strip(
     pair = offset // 2 + j // 2  # a rotated strip: columns (p, p + HALF) side by side
     w_rows = tl.where(rotated, head * HEAD_DIM + pair + (j % 2) * HALF, col0 + j)
     acc = strip_product(x_ptr, w_ptr, rows, w_rows, row_ok, j < BLOCK_N, K, stride_xm, stride_wn, 0, K,
-                        HAS_SCALE, EVEN_K, BLOCK_M, BLOCK_N, BLOCK_K, DOT_PRECISION)
+                        HAS_SCALE, EVEN_K, BLOCK_M, BLOCK_N, BLOCK_K, DOT_PRECISION, A_INT8)
+    if A_INT8:
+        acc *= tl.load(x_scale_ptr + rows, mask=row_ok, other=0.0)[:, None]
     if HAS_SCALE:
         acc *= tl.load(scale_ptr + w_rows).to(tl.float32)[None, :]
     if HAS_BIAS:
@@ -186,7 +190,7 @@ def _qkv_rope_write_kv_kernel(
     NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, EVEN_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    USE_PDL: tl.constexpr,
+    USE_PDL: tl.constexpr, x_scale_ptr, A_INT8: tl.constexpr,
 ):
     if USE_PDL:  # engine/pdl.py
         tl.extra.cuda.gdc_wait()
@@ -194,21 +198,23 @@ def _qkv_rope_write_kv_kernel(
     qkv_rope_strip(tl.program_id(0), tl.program_id(1), x_ptr, w_ptr, bias_ptr, scale_ptr, cos_ptr, sin_ptr, pos_ptr,
                    slot_ptr, q_ptr, k_cache_ptr, v_cache_ptr, M, K, stride_xm, stride_wn, stride_cos, stride_sin,
                    stride_q, stride_slot, NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, HAS_BIAS, HAS_SCALE, EVEN_K, BLOCK_M,
-                   BLOCK_N, BLOCK_K, DOT_PRECISION)
+                   BLOCK_N, BLOCK_K, DOT_PRECISION, x_scale_ptr, A_INT8)
 
 
-def qkv_rope_block_n(weight: torch.Tensor, shape: ModelShape, int8: bool = False) -> int | None:
+def qkv_rope_block_n(weight: torch.Tensor, shape: ModelShape, int8: bool = False,
+                     act_int8: bool = False) -> int | None:
     """The strip width the fused kernel would use for this QKV weight at a decode, or None where it
     cannot take it (a strip must lie within one head and hold whole rotation pairs)."""
-    config = qkv_rope_config(weight, shape, int8, rows=1)
+    config = qkv_rope_config(weight, shape, int8, rows=1, act_int8=act_int8)
     return None if config is None else config.block_n
 
 
-def qkv_rope_config(weight: torch.Tensor, shape: ModelShape, int8: bool, rows: int) -> LaunchConfig | None:
+def qkv_rope_config(weight: torch.Tensor, shape: ModelShape, int8: bool, rows: int,
+                    act_int8: bool = False) -> LaunchConfig | None:
     """The product's configuration for `rows` rows (engine/triton_linear.launch_config) if its strips fit
     the heads, else a decode's if those do, else None."""
     for r in (rows, 1):
-        config = launch_config(weight.shape[0], weight.shape[1], int8=int8, rows=r)
+        config = launch_config(weight.shape[0], weight.shape[1], int8=int8, rows=r, act_int8=act_int8)
         if config.split_k == 1 and shape.head_dim % config.block_n == 0:
             return config
     return None
@@ -227,22 +233,25 @@ def qkv_rope_and_write_kv(
     shape: ModelShape,
     *,
     scale: torch.Tensor | None = None,  # [(H + 2 * KVH) * D] int8 rows' scales
+    x_scale: torch.Tensor | None = None,  # [T] float32: x is int8 rows too (W8A8)
 ) -> torch.Tensor:  # [T, H, D] rotated queries
-    """`rope_and_write_kv(skinny_linear(x, weight, bias, scale=scale), ...)` in one kernel (see the
-    module doc). Asserting host wrapper."""
+    """`rope_and_write_kv(skinny_linear(x, weight, bias, scale=scale, x_scale=x_scale), ...)` in one kernel
+    (see the module doc). Asserting host wrapper."""
     num_tokens, hidden = x.shape
     heads, kv_heads, head_dim = shape.num_heads, shape.num_kv_heads, shape.head_dim
     n = (heads + 2 * kv_heads) * head_dim
     assert weight.shape == (n, hidden) and x.stride(1) == 1 and weight.stride(1) == 1
     assert (scale is None and weight.dtype == x.dtype) or (weight.dtype == torch.int8 and scale.shape == (n,))
+    assert (x.dtype == torch.int8) == (x_scale is not None) and (x_scale is None or scale is not None)
+    dtype = k_cache.dtype  # the activations' (x's, unless x is int8)
     assert bias is None or bias.shape == (n,)
     _check_tables(cos, sin, positions, num_tokens, head_dim)
     assert k_cache.shape == v_cache.shape and k_cache.shape[2:] == (kv_heads, head_dim)
-    assert k_cache.is_contiguous() and v_cache.is_contiguous() and k_cache.dtype == x.dtype
+    assert k_cache.is_contiguous() and v_cache.is_contiguous() and (x_scale is not None or dtype == x.dtype)
     assert slot_mapping.shape == (num_tokens,)
-    config = qkv_rope_config(weight, shape, scale is not None, rows=num_tokens)
+    config = qkv_rope_config(weight, shape, scale is not None, rows=num_tokens, act_int8=x_scale is not None)
     assert config is not None, f"head_dim {head_dim} does not take the fused QKV kernel's strips"
-    q = torch.empty((num_tokens, heads, head_dim), dtype=x.dtype, device=x.device)
+    q = torch.empty((num_tokens, heads, head_dim), dtype=dtype, device=x.device)
     if num_tokens == 0:
         return q
     _qkv_rope_write_kv_kernel[(triton.cdiv(num_tokens, config.block_m), n // config.block_n)](
@@ -255,5 +264,6 @@ def qkv_rope_and_write_kv(
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
         num_warps=config.num_warps, num_stages=config.num_stages, **pdl.launch_options(x.device),
+        x_scale_ptr=x_scale if x_scale is not None else x, A_INT8=x_scale is not None,
     )
     return q

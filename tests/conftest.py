@@ -26,7 +26,7 @@ from specdec.v1 import draft_pb2_grpc, gateway_pb2_grpc, target_pb2_grpc  # noqa
 from target_service.server import start_target_server  # noqa: E402
 from tiny_models import build_model_dir, build_reduced_head_draft, build_tokenizer  # noqa: E402
 
-DRAFTS = ("identical", "perturbed", "unrelated", "reduced_head", "int8", "ngram", "ahead")
+DRAFTS = ("identical", "perturbed", "unrelated", "reduced_head", "int8", "w8a8", "ngram", "ahead")
 AHEAD_DRAFT = "perturbed"  # "ahead" serves this model drafting ahead (engine/model_drafter.py)
 
 
@@ -46,6 +46,7 @@ def model_dirs(tmp_path_factory, tokenizer) -> dict[str, Path]:
         "unrelated": build_model_dir(root / "unrelated", tokenizer, seed=2),
         "reduced_head": build_reduced_head_draft(root / "reduced_head", target),
         "int8": target,  # served with weight-only int8 linears (CPU; as is elsewhere): the draft service's CPU default
+        "w8a8": target,  # served with int8 linears and int8 activations (--quantize w8a8)
         "other_tokenizer": build_model_dir(root / "other_tok", build_tokenizer(vocab_size=330), seed=3),
     }
 
@@ -76,9 +77,9 @@ def target_server(loop, model_dirs):
 
 @pytest.fixture(scope="session")
 def draft_servers(loop, model_dirs):
-    int8 = "int8" if DEVICE == "cpu" else "none"
+    quantize = {"int8": "int8" if DEVICE == "cpu" else "none", "w8a8": "w8a8"}
     drafters = {name: ModelDrafter(_runner(model_dirs[AHEAD_DRAFT if name == "ahead" else name],
-                                           quantize=int8 if name == "int8" else "none"), ahead=name == "ahead")
+                                           quantize=quantize.get(name, "none")), ahead=name == "ahead")
                 for name in DRAFTS if name != "ngram"}
     drafters["ngram"] = NgramDrafter()
     servers = {name: loop.run(start_draft_server(DraftRegistry.of(d))) for name, d in drafters.items()}

@@ -14,7 +14,15 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from engine import triton_attention, triton_draft_step, triton_layer, triton_linear, triton_norm, triton_rope  # noqa: E402
+from engine import (  # noqa: E402
+    triton_attention,
+    triton_draft_step,
+    triton_layer,
+    triton_linear,
+    triton_norm,
+    triton_quant,
+    triton_rope,
+)
 
 TARGET = GPUTarget("cuda", 90, 32)
 BF16 = "*bf16"
@@ -35,11 +43,17 @@ def main() -> None:
     for split, silu, int8 in ((1, False, False), (1, True, True), (4, False, False)):
         size = compile_sm90(triton_linear._skinny_linear_kernel, linear | ({"w_ptr": "*i8"} if int8 else {}), dict(
             SPLIT_K=split, SILU_MUL=silu, HAS_BIAS=False, HAS_RESIDUAL=not silu, HAS_SCALE=int8, EVEN_K=True,
-            EVEN_N=True, BLOCK_M=16, BLOCK_N=16, BLOCK_K=256, DOT_PRECISION="tf32", USE_PDL=True))
+            EVEN_N=True, BLOCK_M=16, BLOCK_N=16, BLOCK_K=256, DOT_PRECISION="tf32", USE_PDL=True, A_INT8=False))
         print(f"skinny_linear split={split} silu_mul={silu} int8={int8}: {size}")
+    w8a8 = linear | {"x_ptr": "*i8", "w_ptr": "*i8", "x_scale_ptr": "*fp32"}
+    for split, silu in ((1, True), (4, False)):  # --quantize w8a8: int8 x, int32 dots
+        size = compile_sm90(triton_linear._skinny_linear_kernel, w8a8, dict(
+            SPLIT_K=split, SILU_MUL=silu, HAS_BIAS=False, HAS_RESIDUAL=not silu, HAS_SCALE=True, EVEN_K=True,
+            EVEN_N=True, BLOCK_M=16, BLOCK_N=32, BLOCK_K=256, DOT_PRECISION="tf32", USE_PDL=True, A_INT8=True))
+        print(f"skinny_linear w8a8 split={split} silu_mul={silu}: {size}")
     size = compile_sm90(triton_linear._skinny_linear_kernel, linear, dict(  # a step of 17-128 rows (wide tiles)
         SPLIT_K=1, SILU_MUL=True, HAS_BIAS=False, HAS_RESIDUAL=False, HAS_SCALE=False, EVEN_K=True, EVEN_N=True,
-        BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, DOT_PRECISION="tf32", USE_PDL=True))
+        BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, DOT_PRECISION="tf32", USE_PDL=True, A_INT8=False))
     print(f"skinny_linear wide silu_mul=True: {size}")
     rope = {n: BF16 for n in ("qkv_ptr", "cos_ptr", "sin_ptr", "q_ptr", "k_cache_ptr", "v_cache_ptr")} | \
         {"slot_ptr": "*i64", "pos_ptr": "*i64"}
@@ -50,15 +64,24 @@ def main() -> None:
         print(f"rope_write_kv head_dim={head_dim}: {size}")
     fused = {n: BF16 for n in ("x_ptr", "w_ptr", "bias_ptr", "scale_ptr", "cos_ptr", "sin_ptr", "q_ptr", "k_cache_ptr",
                                "v_cache_ptr")} | {"slot_ptr": "*i64", "pos_ptr": "*i64"}
-    for head_dim, block_m, block_n, int8 in ((64, 16, 16, False), (128, 16, 32, False), (64, 16, 16, True),
-                                             (128, 64, 64, False)):
-        size = compile_sm90(triton_rope._qkv_rope_write_kv_kernel, fused | ({"w_ptr": "*i8"} if int8 else {}), dict(
+    for head_dim, block_m, block_n, int8, act_int8 in ((64, 16, 16, False, False), (128, 16, 32, False, False),
+                                                       (64, 16, 16, True, False), (128, 64, 64, False, False),
+                                                       (64, 16, 32, True, True)):
+        pointers = fused | ({"w_ptr": "*i8"} if int8 else {}) | ({"x_ptr": "*i8", "x_scale_ptr": "*fp32"}
+                                                                if act_int8 else {})
+        size = compile_sm90(triton_rope._qkv_rope_write_kv_kernel, pointers, dict(
             NUM_HEADS=32, NUM_KV_HEADS=8, HEAD_DIM=head_dim, HAS_BIAS=True, HAS_SCALE=int8, EVEN_K=True,
             BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=256 if block_m == 16 else 128, DOT_PRECISION="tf32",
-            USE_PDL=True))
-        print(f"qkv_rope_write_kv head_dim={head_dim} rows={block_m} int8={int8}: {size}")
-    norm = {"x_ptr": BF16, "w_ptr": BF16, "out_ptr": BF16, "eps": "fp32"}
-    print("rms_norm:", compile_sm90(triton_norm._rms_norm_kernel, norm, dict(BLOCK_K=2048, USE_PDL=True)))
+            USE_PDL=True, A_INT8=act_int8))
+        print(f"qkv_rope_write_kv head_dim={head_dim} rows={block_m} int8={int8} act_int8={act_int8}: {size}")
+    norm = {"x_ptr": BF16, "w_ptr": BF16, "out_ptr": BF16, "scale_ptr": "*fp32", "eps": "fp32"}
+    print("rms_norm:", compile_sm90(triton_norm._rms_norm_kernel, norm, dict(BLOCK_K=2048, QUANTIZE=False,
+                                                                             USE_PDL=True)))
+    print("rms_norm int8 rows:", compile_sm90(triton_norm._rms_norm_kernel, norm | {"out_ptr": "*i8"},
+                                              dict(BLOCK_K=2048, QUANTIZE=True, USE_PDL=True)))
+    print("quantize_rows:", compile_sm90(triton_quant._quantize_rows_kernel,
+                                         {"x_ptr": BF16, "q_ptr": "*i8", "s_ptr": "*fp32"},
+                                         dict(BLOCK_K=8192, USE_PDL=True)))
     attention = {n: BF16 for n in ("q_ptr", "k_cache_ptr", "v_cache_ptr", "out_ptr")} | \
         {"part_out_ptr": "*fp32", "part_lse_ptr": "*fp32", "block_tables_ptr": "*i32", "cu_seqlens_q_ptr": "*i32",
          "context_lens_ptr": "*i32"}

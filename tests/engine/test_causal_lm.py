@@ -1,13 +1,15 @@
 """Our compact model over paged KV computes what the Hugging Face model computes."""
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
 from engine import fused_stages, triton_rope
 from engine.batch import StepInput
-from engine.linear import Int8Linear, dequantize_int8
+from engine.linear import CpuLinear, Int8Linear, dequantize_int8, quantize_rows_reference
 from engine.model_runner import ModelRunner, RuntimeConfig
 from engine.model_source import LoadedModel
 from tiny_models import build_model_dir, build_reduced_head_draft
@@ -80,11 +82,13 @@ def test_the_qkv_product_with_rotary_in_its_epilogue_gives_the_same_logits(model
 
 
 def _decode_and_verify_logits(model_dir, layer_kernels: str, num_prefill: int = 24, loaded: LoadedModel | None = None,
-                              **config: object) -> torch.Tensor:
+                              prepare: Callable[[ModelRunner], object] | None = None, **config: object) -> torch.Tensor:
     """A prefill, then the logits of a decode step and a 5-token verify step (`loaded`: this model
-    instead of model_dir's)."""
+    instead of model_dir's; `prepare`: called with the runner before the forwards)."""
     runner = ModelRunner(RuntimeConfig(model=str(model_dir), kv_cache_tokens=256, kv_block_size=4,
                                        layer_kernels=layer_kernels, attention_backend="reference", **config), loaded)
+    if prepare is not None:
+        prepare(runner)
     ids = list(range(10, 16 + num_prefill))
     kv = runner.kv.new_sequence()
     [prefill] = runner.forward([StepInput(kv, ids[:num_prefill], num_logits=1)])
@@ -119,3 +123,31 @@ def test_an_int8_draft_through_the_fused_kernels_computes_its_dequantized_weight
                                          loaded=LoadedModel(str(model_dir), hf, tokenizer))
     assert not torch.allclose(expected, _decode_and_verify_logits(model_dir, "reference", num_prefill=12), atol=1e-3)
     torch.testing.assert_close(fused, expected, atol=1e-4, rtol=1e-4)
+
+
+def test_a_w8a8_draft_through_the_fused_kernels_computes_the_logits_of_its_int8_rows(model_dir, tokenizer):
+    """--quantize w8a8: every linear int8, and the fused kernels take each product's input as int8 rows
+    too (the norm kernels quantize theirs, attention's and gate/up's outputs a kernel of their own). The
+    logits are those of the reference stages over the dequantized weights with each linear's input
+    rounded to its int8 rows (engine.linear.quantize_rows_reference); not those of weight-only int8."""
+    fused = _decode_and_verify_logits(model_dir, "fused", num_prefill=12, quantize="w8a8")
+    hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    for module in hf.modules():
+        if isinstance(module, torch.nn.Linear):
+            quantized = Int8Linear(module)
+            module.weight.data = dequantize_int8(quantized.qweight, quantized.scale, torch.float32)
+
+    def round_inputs(runner: ModelRunner) -> None:
+        def rounded(_module, args):
+            q, scales = quantize_rows_reference(args[0].reshape(-1, args[0].shape[-1]))
+            return ((q.float() * scales[:, None]).view(args[0].shape),)
+        linears = [m for m in runner.model.modules() if isinstance(m, torch.nn.Linear | CpuLinear)]
+        assert linears
+        for module in linears:
+            module.register_forward_pre_hook(rounded)
+
+    expected = _decode_and_verify_logits(model_dir, "reference", num_prefill=12, prepare=round_inputs,
+                                         loaded=LoadedModel(str(model_dir), hf, tokenizer))
+    torch.testing.assert_close(fused, expected, atol=1e-4, rtol=1e-4)
+    weight_only = _decode_and_verify_logits(model_dir, "fused", num_prefill=12, quantize="int8")
+    assert not torch.allclose(fused, weight_only, atol=1e-3)

@@ -51,13 +51,13 @@ def test_graph_replays_match_eager_forwards_and_never_recapture(model_dirs):
 @pytest.mark.parametrize("captured", [False, True])
 @pytest.mark.parametrize("sampled", [False, True])
 # reduced: engine/subset_head.py in the graphs; int8: --quantize int8 (the fused kernels read int8 rows,
-# the stepwise loop's eager forwards dequantize)
-@pytest.mark.parametrize("draft", ["perturbed", "reduced_head", "int8"])
+# the stepwise loop's eager forwards dequantize); w8a8: int8 activations too (the eager forwards round them)
+@pytest.mark.parametrize("draft", ["perturbed", "reduced_head", "int8", "w8a8"])
 def test_device_draft_loop_proposes_what_the_stepwise_loop_proposes(model_dirs, captured, sampled, draft, monkeypatch):
-    quantize = "int8" if draft == "int8" else "none"
+    quantize = draft if draft in ("int8", "w8a8") else "none"
     monkeypatch.setattr(model_runner, "CUDA_MIN_INT8_OUT_FEATURES", 0)  # the tiny model's products are all narrow
     runner = _runner(model_dirs[draft], captured, quantize)
-    assert any(isinstance(m, Int8Linear) for m in runner.model.modules()) == (quantize == "int8")
+    assert any(isinstance(m, Int8Linear) for m in runner.model.modules()) == (quantize != "none")
     device_loop = DraftLoop(runner, device_loop=True)
     stepwise = DraftLoop(_runner(model_dirs[draft], False, quantize), device_loop=False)
     compiled_graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from engine.linear import Int8Linear
+from engine.linear import Int8Linear, quantize_rows_reference
 from engine.triton_linear import (
     LaunchConfig,
     launch_config,
@@ -82,6 +82,47 @@ def test_a_product_split_along_k_adds_its_ranges_to_the_same_result(rows, n, k, 
     assert torch.equal(skinny_linear(**args, config=SPLIT, counters=counters), got)  # and it adds in K order
 
 
+def _w8a8(args: dict) -> dict:
+    """`_int8(args)` with x as int8 rows and their scales too (--quantize w8a8); float32 out."""
+    x, x_scale = quantize_rows_reference(args["x"])
+    return {**_int8(args), "x": x, "x_scale": x_scale, "out_dtype": torch.float32}
+
+
+@pytest.mark.parametrize(("rows", "n", "k"), SHAPES)
+@pytest.mark.parametrize(("fusion", "bias", "residual", "config"), [
+    ("none", False, False, SMALL), ("silu_mul", True, True, SMALL), ("none", True, True, SPLIT),
+    ("silu_mul", False, False, SPLIT),
+], ids=["plain", "silu_bias_residual", "split_bias_residual", "split_silu"])
+def test_int8_activations_give_the_integer_sums_times_both_scales(rows, n, k, fusion, bias, residual, config):
+    args = _w8a8(_inputs(rows, n, k, fusion, bias, residual, torch.float32))
+    counters = split_counters(torch.device(DEVICE))
+    got = skinny_linear(**args, config=config, counters=counters)
+    # the reference sums exactly (float64) and scales once; a split adds its ranges' float32 sums
+    torch.testing.assert_close(got, skinny_linear_reference(**args), atol=1e-5, rtol=1e-5)
+    assert not counters.any()
+
+
+def test_each_row_of_int8_activations_is_computed_as_if_alone():
+    """A row's int8 values and scale are its own, its integer sum exact: a row alone gets its bits in a batch."""
+    args = _w8a8(_inputs(5, 32, 64, "none", False, True, torch.float32))
+    for config in (SMALL, SPLIT):
+        together = skinny_linear(**args, config=config)
+        alone = skinny_linear(**{**args, "x": args["x"][2:3], "x_scale": args["x_scale"][2:3],
+                                 "residual": args["residual"][2:3]}, config=config)
+        assert torch.equal(together[2:3], alone)
+
+
+def test_int8_activations_without_int8_weights_or_their_scales_are_refused_before_launch():
+    args = _w8a8(_inputs(2, 32, 64, "none", False, False, torch.float32))
+    with pytest.raises(AssertionError, match="int8 rows of x go with their x_scale"):
+        skinny_linear(args["x"], args["weight"], scale=args["scale"], out_dtype=torch.float32)
+    with pytest.raises(AssertionError, match="x_scale \\[M\\] float32"):
+        skinny_linear(args["x"], args["weight"], scale=args["scale"], x_scale=args["x_scale"][:1],
+                      out_dtype=torch.float32)
+    with pytest.raises(AssertionError, match="name the output's dtype"):
+        skinny_linear(args["x"], args["weight"], scale=args["scale"], x_scale=args["x_scale"])
+
+
 def test_int8_weights_without_their_scales_are_refused_before_launch():
     args = _int8(_inputs(2, 32, 64, "none", False, False, torch.float32))
     with pytest.raises(AssertionError, match="must share a dtype"):
@@ -120,6 +161,8 @@ def test_split_and_int8_products_keep_their_decode_configuration_at_any_row_coun
     """Their K ranges (split) are part of a row's sum; int8's wide tiles were never measured."""
     for n, k, int8 in ((2048, 8192, False), (2048, 8192, True), (16384, 2048, True)):
         assert launch_config(n, k, int8=int8, rows=200) == launch_config(n, k, int8=int8)
+    for n, k in ((2048, 8192), (3072, 2048), (16384, 2048)):
+        assert launch_config(n, k, int8=True, rows=200, act_int8=True) == launch_config(n, k, int8=True, act_int8=True)
 
 
 def test_mismatched_shapes_are_refused_before_launch():
@@ -173,6 +216,23 @@ def test_int8_kernel_matches_reference_bf16_at_model_shapes(rows, n, k, fusion):
     args = _int8(_inputs(rows, n, k, fusion, False, True, torch.bfloat16))
     got, expected = skinny_linear(**args), skinny_linear_reference(**args)
     torch.testing.assert_close(got.float(), expected.float(), atol=6e-2, rtol=2e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("rows", "n", "k"), [(1, 3072, 2048), (5, 2048, 8192), (16, 16384, 2048), (3, 1000, 2048),
+                                              (2, 32768, 2048)])
+@pytest.mark.parametrize("fusion", ["none", "silu_mul"])
+def test_int8_activations_match_the_exact_integer_sums_on_int8_tensor_cores(rows, n, k, fusion):
+    """W8A8 at the Llama-3.2-1B draft's shapes (the launch configurations it serves with): the int32 sums
+    are exact, so only the output's rounding differs from the float64 reference."""
+    args = _w8a8(_inputs(rows, n, k, fusion, False, True, torch.bfloat16))
+    args["out_dtype"] = None  # the residual's bf16
+    got, expected = skinny_linear(**args), skinny_linear_reference(**args)
+    torch.testing.assert_close(got.float(), expected.float(), atol=6e-2, rtol=2e-2)
+    for row in range(rows):
+        alone = skinny_linear(**{**args, "x": args["x"][row:row + 1], "x_scale": args["x_scale"][row:row + 1],
+                                 "residual": args["residual"][row:row + 1]})
+        assert torch.equal(got[row:row + 1], alone)
 
 
 @pytest.mark.gpu

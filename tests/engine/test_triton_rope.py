@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from engine.linear import Int8Linear
+from engine.linear import Int8Linear, quantize_rows_reference
 from engine.llama import ModelShape
 from engine.triton_linear import skinny_linear
 from engine.triton_rope import (
@@ -104,6 +104,28 @@ def test_the_qkv_product_with_rotary_in_its_epilogue_equals_the_product_then_the
     q_two = rope_and_write_kv(qkv, *tables, k_two, v_two, slots, shape)
     for fused, two in ((q_fused, q_two), (k_fused, k_two), (v_fused, v_two)):
         torch.testing.assert_close(fused, two, atol=0, rtol=0)  # the same roundings: the same values
+
+
+@pytest.mark.parametrize(("shape", "hidden"), [
+    FUSED_SHAPES[2], (ModelShape(num_layers=1, num_heads=2, num_kv_heads=1, head_dim=64, vocab_size=0), 96)])
+@pytest.mark.parametrize("num_tokens", [1, 5, 17])
+def test_the_fused_qkv_kernel_takes_int8_activations_as_the_product_does(shape, hidden, num_tokens):
+    """--quantize w8a8: int8 rows of x and their scales in, the same values as the W8A8 product then the
+    rope kernel."""
+    dtype = torch.bfloat16 if DEVICE == "cuda" else torch.float32
+    x, weight, b, scale, tables, slots = _fused_inputs(shape, hidden, num_tokens, dtype, True, True)
+    x, x_scale = quantize_rows_reference(x)
+    config = qkv_rope_config(weight, shape, True, rows=num_tokens, act_int8=True)
+    assert config is not None
+    k_fused, v_fused = _caches(shape, dtype)
+    q_fused = qkv_rope_and_write_kv(x, weight, b, *tables, k_fused, v_fused, slots, shape, scale=scale,
+                                    x_scale=x_scale)
+    assert q_fused.dtype == dtype
+    k_two, v_two = _caches(shape, dtype)
+    qkv = skinny_linear(x, weight, b, scale=scale, x_scale=x_scale, out_dtype=dtype, config=config)
+    q_two = rope_and_write_kv(qkv, *tables, k_two, v_two, slots, shape)
+    for fused, two in ((q_fused, q_two), (k_fused, k_two), (v_fused, v_two)):
+        torch.testing.assert_close(fused, two, atol=0, rtol=0)
 
 
 def _assert_token_as_if_alone(t: int, x, weight, bias, tables, slots, shape: ModelShape, together) -> None:

@@ -18,7 +18,8 @@ MAX_NEW_TOKENS = 24
 
 
 @pytest.mark.parametrize("k", [1, 3, 5])
-@pytest.mark.parametrize("draft", ["identical", "perturbed", "unrelated", "reduced_head", "int8", "ngram", "ahead"])
+@pytest.mark.parametrize("draft", ["identical", "perturbed", "unrelated", "reduced_head", "int8", "w8a8", "ngram",
+                                   "ahead"])
 def test_concurrent_requests_match_target_greedy(draft, k, gateway_stub, tokenizer, hf_greedy, pool):
     stub = gateway_stub(draft)
     futures = [pool.submit(generate, stub, prompt=p, max_new_tokens=MAX_NEW_TOKENS, num_draft_tokens=k)
@@ -64,11 +65,12 @@ def test_reduced_head_draft_is_accepted_exactly_where_its_rows_hold_the_targets_
     assert 0 < accepted < drafted
 
 
-def test_an_int8_copy_of_the_target_as_draft_is_mostly_accepted_and_changes_nothing(gateway_stub, tokenizer,
+@pytest.mark.parametrize("draft", ["int8", "w8a8"])
+def test_an_int8_copy_of_the_target_as_draft_is_mostly_accepted_and_changes_nothing(draft, gateway_stub, tokenizer,
                                                                                       hf_greedy):
     accepted = drafted = 0
     for prompt in PROMPTS:
-        tokens, _, final = generate(gateway_stub("int8"), prompt=prompt, max_new_tokens=MAX_NEW_TOKENS,
+        tokens, _, final = generate(gateway_stub(draft), prompt=prompt, max_new_tokens=MAX_NEW_TOKENS,
                                     num_draft_tokens=3)
         assert tokens == hf_greedy(tokenizer.encode(prompt), MAX_NEW_TOKENS)
         accepted, drafted = accepted + final.stats.num_accepted_tokens, drafted + final.stats.num_draft_tokens

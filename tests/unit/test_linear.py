@@ -6,7 +6,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.linear import CpuLinear, Int8Linear, linear, quantize_int8, use_cpu_linear
+from engine.linear import (
+    CpuLinear,
+    Int8Linear,
+    int8_activations,
+    linear,
+    quantize_int8,
+    quantize_rows_reference,
+    use_cpu_linear,
+)
 from engine.model_runner import RuntimeConfig
 
 
@@ -44,6 +52,30 @@ def test_int8_linear_is_the_product_with_its_rounded_weights(shape):
     expected = F.linear(x.bfloat16().float(), weight, layer.bias)
     torch.testing.assert_close(quantized(x), expected, rtol=2e-2, atol=2e-2)  # products in bfloat16
     assert quantized(x).shape == (*shape[:-1], 80) and quantized(x).dtype == x.dtype
+
+
+@pytest.mark.parametrize("shape", [(1, 48), (3, 48), (2, 5, 48)])
+def test_a_w8a8_linear_outside_the_fused_kernels_multiplies_its_inputs_int8_rows(shape):
+    """--quantize w8a8 in eager forwards (prefill chunks, CPU): each input row rounded to its int8 values
+    times its scale, then the weight-only product; the rounding is engine.linear.quantize_rows_reference's."""
+    gen = torch.Generator().manual_seed(1)
+    layer = nn.Linear(48, 80, bias=True)
+    x = torch.randn(*shape, generator=gen)
+    x[..., 3] = 30.0  # an outlier: the other values lose precision
+    w8a8, weight_only = Int8Linear(layer, int8_activations=True), Int8Linear(layer)
+    q, scales = quantize_rows_reference(x.reshape(-1, 48))
+    assert q.dtype == torch.int8 and q.abs().amax(dim=1).eq(127).all()
+    rounded = (q.float() * scales[:, None]).view(x.shape)
+    assert not torch.equal(rounded, x)
+    assert torch.equal(w8a8(x), weight_only(rounded))
+    assert int8_activations(w8a8) and not int8_activations(weight_only) and not int8_activations(layer)
+
+
+def test_quantize_int8_with_int8_activations_takes_every_linear():
+    model = nn.Sequential(nn.Linear(8, 16), nn.Sequential(nn.ReLU(), nn.Linear(16, 4)))
+    quantize_int8(model, int8_activations=True)
+    assert int8_activations(model[0]) and int8_activations(model[1][1])
+    assert RuntimeConfig(model="m", device="cuda", quantize="w8a8").quantize == "w8a8"
 
 
 def test_quantize_int8_swaps_plain_and_cpu_linears():
