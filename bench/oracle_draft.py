@@ -28,6 +28,7 @@ from draft_service.server import busy_poll_of, start_draft_server
 from engine import pdl
 from engine.drafter import DraftSequence, ProposeTiming
 from engine.model_drafter import ModelDrafter
+from engine.model_runner import QUANTIZE_MODES
 from engine.sampling import SamplingParams
 from specdec.errors import InvalidRequestError
 from specdec.cli_args import add_runtime_args, add_server_args, runtime_config, setup_logging
@@ -130,7 +131,7 @@ def main() -> None:
                         help='JSON list of {"prompt_ids": [...], "token_ids": [...]} (the target\'s greedy output)')
     parser.add_argument("--alphas", type=float, nargs="+", default=[0.6, 0.8, 0.9])
     parser.add_argument("--draft-ahead", action="store_true", help="the model drafts ahead (engine/model_drafter.py)")
-    parser.add_argument("--quantize", choices=["none", "int8"], default="none",
+    parser.add_argument("--quantize", choices=list(QUANTIZE_MODES), default="none",
                         help="the draft's weights (engine/linear.py)")
     args = parser.parse_args()
     setup_logging(args.log_level, args.log_format)

@@ -19,7 +19,7 @@ import torch
 from distill.data import chat_ids
 from distill.prompts import held_out_prompts
 from engine.batch import StepInput
-from engine.model_runner import ModelRunner, RuntimeConfig
+from engine.model_runner import QUANTIZE_MODES, ModelRunner, RuntimeConfig
 from engine.model_source import DEFAULT_MODEL
 
 
@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--target", default=DEFAULT_MODEL)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--k", type=int, nargs="+", default=[1, 2, 3, 4])
-    parser.add_argument("--quantize", choices=["none", "int8"], default="none",
+    parser.add_argument("--quantize", choices=list(QUANTIZE_MODES), default="none",
                         help="the drafts' weights as the draft service would run them (its CPU default: int8)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     args = parser.parse_args(argv)
