@@ -109,18 +109,23 @@ def test_fused_kernels_serve_a_draft_with_a_reduced_lm_head(tmp_path, tokenizer)
     torch.testing.assert_close(fused[kept], reference[kept], atol=1e-4, rtol=1e-4)
 
 
-def test_an_int8_draft_through_the_fused_kernels_computes_its_dequantized_weights_logits(model_dir, tokenizer):
-    """--quantize int8 (engine/linear.Int8Linear) under the fused kernels, every step of at most a
-    kernel tile of rows (all fused): the logits of the model whose linears hold the dequantized int8
-    rows, computed by the reference stages."""
-    fused = _decode_and_verify_logits(model_dir, "fused", num_prefill=12, quantize="int8")
+def _with_dequantized_int8_weights(model_dir, tokenizer) -> LoadedModel:
+    """model_dir's model in float32, each linear's weight its int8 rows times their scales."""
     hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     for module in hf.modules():
         if isinstance(module, torch.nn.Linear):
             quantized = Int8Linear(module)
             module.weight.data = dequantize_int8(quantized.qweight, quantized.scale, torch.float32)
+    return LoadedModel(str(model_dir), hf, tokenizer)
+
+
+def test_an_int8_draft_through_the_fused_kernels_computes_its_dequantized_weights_logits(model_dir, tokenizer):
+    """--quantize int8 (engine/linear.Int8Linear) under the fused kernels, every step of at most a
+    kernel tile of rows (all fused): the logits of the model whose linears hold the dequantized int8
+    rows, computed by the reference stages."""
+    fused = _decode_and_verify_logits(model_dir, "fused", num_prefill=12, quantize="int8")
     expected = _decode_and_verify_logits(model_dir, "reference", num_prefill=12,
-                                         loaded=LoadedModel(str(model_dir), hf, tokenizer))
+                                         loaded=_with_dequantized_int8_weights(model_dir, tokenizer))
     assert not torch.allclose(expected, _decode_and_verify_logits(model_dir, "reference", num_prefill=12), atol=1e-3)
     torch.testing.assert_close(fused, expected, atol=1e-4, rtol=1e-4)
 
@@ -131,11 +136,6 @@ def test_a_w8a8_draft_through_the_fused_kernels_computes_the_logits_of_its_int8_
     logits are those of the reference stages over the dequantized weights with each linear's input
     rounded to its int8 rows (engine.linear.quantize_rows_reference); not those of weight-only int8."""
     fused = _decode_and_verify_logits(model_dir, "fused", num_prefill=12, quantize="w8a8")
-    hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    for module in hf.modules():
-        if isinstance(module, torch.nn.Linear):
-            quantized = Int8Linear(module)
-            module.weight.data = dequantize_int8(quantized.qweight, quantized.scale, torch.float32)
 
     def round_inputs(runner: ModelRunner) -> None:
         def rounded(_module, args):
@@ -147,7 +147,7 @@ def test_a_w8a8_draft_through_the_fused_kernels_computes_the_logits_of_its_int8_
             module.register_forward_pre_hook(rounded)
 
     expected = _decode_and_verify_logits(model_dir, "reference", num_prefill=12, prepare=round_inputs,
-                                         loaded=LoadedModel(str(model_dir), hf, tokenizer))
+                                         loaded=_with_dequantized_int8_weights(model_dir, tokenizer))
     torch.testing.assert_close(fused, expected, atol=1e-4, rtol=1e-4)
     weight_only = _decode_and_verify_logits(model_dir, "fused", num_prefill=12, quantize="int8")
     assert not torch.allclose(fused, weight_only, atol=1e-3)
