@@ -9,7 +9,10 @@ From the probes' timelines it splits the median step into
   * of the engine call, the worker's work (`*_process_ms`); the rest is the batching loop's
     hand-offs (`*_handoff_ms`);
   * of the work, the CUDA graph's device time (`*_gpu_ms`); the rest is host work around it, input
-    copies and the read back (`*_host_ms`);
+    copies and the read back (`*_host_ms`), in three parts: before the first graph's launch
+    (`*_pre_launch_ms`), from it to the read back's end less the device time (`*_launch_and_wait_ms`:
+    the launches, the device's start, the read back's copy and the host's wake-up), and after the read
+    back (`*_post_read_ms`);
   * the gateway's own time between the round trips (`gateway_gap_ms`).
 The transport splits into its legs: the gateway's call to the engine call's start
 (`*_request_leg_ms`), the engine call's end to the gateway's answer (`*_answer_leg_ms`).
@@ -96,6 +99,11 @@ def round_trip_parts(traces: dict[str, list[Interval]], rpc: Interval, service: 
     if gpu:
         parts[f"{service}_gpu_ms"] = _span(gpu)
         parts[f"{service}_host_ms"] = work_ms - _span(gpu)
+        readback = [r for w in work for r in inside(traces.get(f"{service}.readback", []), w)]
+        if readback and len(work) == 1:
+            parts[f"{service}_pre_launch_ms"] = (gpu[0][0] - work[0][0]) / 1e6
+            parts[f"{service}_launch_and_wait_ms"] = (readback[-1][1] - gpu[0][0]) / 1e6 - _span(gpu)
+            parts[f"{service}_post_read_ms"] = (work[0][1] - readback[-1][1]) / 1e6
     return parts
 
 

@@ -6,8 +6,9 @@ would, with these calls timed (host wall clock, time.perf_counter_ns: CLOCK_MONO
 timeline for every process on the machine):
   gateway: gw.propose, gw.verify (a step's two round trips, as the speculative loop awaits them);
   target:  tgt.verify (engine call: the batching loop's hand-offs + the work), tgt.process (the
-           worker's work: inputs, forward, verification), runner.forward (to the launch of the graph);
-  draft:   dft.propose, dft.process, dft.loop (as the target's);
+           worker's work: inputs, forward, verification), runner.forward (to the launch of the graph),
+           tgt.readback (the greedy verification: its argmax read back, so it ends once the GPU has);
+  draft:   dft.propose, dft.process, dft.loop (as the target's), dft.readback (the proposals' read back);
   both:    gpu.replay (a CUDA graph's device time, from events around its replay; its start and end
            are the host times its replay was called and its events were seen done).
 Each process appends `[name, start_ns, end_ns]` rows to DIR/ROLE-PID.jsonl (flushed every 256
@@ -123,15 +124,19 @@ def install(module: str, recorder: Recorder) -> None:
     if module == "target_service":
         from engine.target_engine import TargetEngine
 
+        import engine.target_engine
+
         _patch(recorder, TargetEngine, "verify", "tgt.verify")
         _patch(recorder, TargetEngine, "_process", "tgt.process")
+        _patch(recorder, engine.target_engine, "verify_greedy", "tgt.readback")
     else:
-        from engine.draft_loop import DraftLoop
+        from engine.draft_loop import DraftLoop, _DeviceLoop
         from engine.model_drafter import ModelDrafter
 
         _patch(recorder, ModelDrafter, "propose", "dft.propose")
         _patch(recorder, ModelDrafter, "_process", "dft.process")
         _patch(recorder, DraftLoop, "propose", "dft.loop")
+        _patch(recorder, _DeviceLoop, "read", "dft.readback")
 
 
 def main() -> None:
