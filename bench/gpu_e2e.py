@@ -24,12 +24,14 @@ kernels without programmatic dependent launch (engine/pdl.py), which its service
 `--pin-services` gives each service a CPU of its own once it serves (--cpus, specdec/cpu_affinity.py);
 `--pin-ab` starts them unpinned and measures target-only and alpha 0.8 at each batch once more with
 every running service's threads pinned to a CPU of its own from here (the same affinity --cpus
-sets, on the same processes): `*_pinned` metrics.
+sets, on the same processes): `*_pinned` metrics. `--mps` runs the services under a CUDA MPS daemon of
+this run's own (bench/mps.py: one GPU context for the draft and the target, no context switch at each
+hand-over; the HF baseline runs after it has quit).
 Usage: python bench/gpu_e2e.py [--tiny] [--skip-hf] [--layer-kernels auto|fused|reference]
                                [--batches 1 8] [--ks 2 4] [--draft-ahead] [--draft-gpu N]
                                [--draft-head-rows N] [--draft-quantize none|int8|w8a8] [--busy-poll auto|on|off]
                                [--idle-poll auto|on|off] [--idle-cpus-ab] [--pin-services] [--pin-ab]
-                               [--[no-]draft-pdl] [--out PATH]
+                               [--[no-]draft-pdl] [--mps] [--out PATH]
 """
 from __future__ import annotations
 
@@ -42,7 +44,7 @@ import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import torch
@@ -54,6 +56,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 import specdec  # noqa: E402,F401 - before grpc: it picks gRPC's poller (specdec/__init__.py)
 import grpc  # noqa: E402
 
+import mps  # noqa: E402
 from distill.export import export_draft  # noqa: E402
 from engine.model_source import load_pretrained  # noqa: E402
 from engine.subset_head import SubsetLMHead  # noqa: E402
@@ -204,9 +207,13 @@ def main() -> None:
                         help="services with --idle-poll off; measure again with this process's idle-CPU spinners")
     parser.add_argument("--pin-ab", action="store_true",
                         help="measure target-only and alpha 0.8 again with each service pinned to a CPU of its own")
+    parser.add_argument("--mps", action="store_true",
+                        help="the services share one GPU context through a CUDA MPS daemon of this run's own (bench/mps.py)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "gpu_e2e.json")
     args = parser.parse_args()
     batches, ks = args.batches, args.ks
+    if args.mps and (why := mps.check_available()):
+        parser.error(f"--mps: {why}")
     if args.pin_ab and (args.idle_cpus_ab or args.pin_services):
         parser.error("--pin-ab starts the services unpinned and measures one variant: not with --idle-cpus-ab or --pin-services")
     if 4 not in ks or 1 not in batches:  # the headline figures (metrics without a _bs suffix)
@@ -230,6 +237,7 @@ def main() -> None:
         metrics["idle_poll"] = idle_poll
         metrics["draft_pdl"] = float(args.draft_pdl)
         metrics["pinned_services"] = float(args.pin_services)
+        metrics["mps"] = float(args.mps)
         if args.draft_head_rows:
             draft_model = write_reduced_head_draft(work / "draft-reduced-head", draft_model, args.draft_head_rows)
         prompts = prompts_text(tokenizer, args.num_prompts, args.prompt_tokens)
@@ -248,7 +256,12 @@ def main() -> None:
         # the A/B variant: (metric suffix, context manager factory) measured again on the same processes
         variant = (("_idle_cpus", lambda: spinning(idle_cpus)) if idle_cpus is not None
                    else ("_pinned", lambda: pinned(trio.services)) if args.pin_ab else None)
-        try:
+        with ExitStack() as stack:
+            if args.mps:  # entered first, so left last: the daemon quits once the services have stopped
+                stack.enter_context(mps.mps_daemon(work))
+            stack.callback(trio.stop)
+            if idle_cpus is not None:
+                stack.callback(idle_cpus.close)
             started = time.perf_counter()
             target = trio.wait_ready(trio.spawn("target", "target_service", ["--model", target_model, *common, *pin()]), 900)
             metrics["target_start_s"] = time.perf_counter() - started
@@ -315,10 +328,6 @@ def main() -> None:
                                 ids = result.pop("token_ids")
                                 result["outputs_differ_from_reference"] = sum(a != b for a, b in zip(ids, reference))
                                 details[f"{name}{suffix}"] = result
-        finally:
-            trio.stop()
-            if idle_cpus is not None:
-                idle_cpus.close()
     if variant is not None and f"alpha0.8_k4_bs1{variant[0]}" in details:
         suffix = variant[0]
         fast = details[f"alpha0.8_k4_bs1{suffix}"]

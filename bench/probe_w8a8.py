@@ -1,8 +1,8 @@
 """Probe: int8 weights times int8 activations on int8 tensor cores (W8A8: engine/triton_linear.py's
 `x_scale`) against the served W8A16 and bf16 products, on the Llama-3.2-1B shapes at 1 and 5 rows, over a
 sweep of launch configurations; and the row quantization kernel (engine/triton_quant.py). GPU only.
-Writes bench/results/probe_w8a8.json. (Its committed run, 2026-12-04, timed a standalone copy of the
-kernel, commit ccc7cad, whose split sums added int32 partials; the engine adds float32 ones.)"""
+Writes bench/results/probe_w8a8.json (the committed run, 2026-12-04 03:40 UTC, times the engine's kernels;
+the first, at commit ccc7cad, timed a standalone copy of them and agrees within ~1 %)."""
 from __future__ import annotations
 
 import itertools

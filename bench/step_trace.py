@@ -21,12 +21,12 @@ Medians over the steps (a request's first step, after its prefill, falls out of 
 `--busy-poll`: the three services' flag (specdec/busy_poll.py; auto polls on the GPU host, not on a
 2-core one); step_trace_spin.json was measured before the flag, with every loop spinning from a
 spinner the probe had then, as `--busy-poll on` does now at one stream.
-`--draft-head-rows N`, `--draft-quantize int8` and `--pin-services` as gpu_e2e.py has them.
+`--draft-head-rows N`, `--draft-quantize int8`, `--pin-services` and `--mps` as gpu_e2e.py has them.
 `--batch N` runs N streams at once; the steps of concurrent requests interleave, so instead of a
 step's parts it times each batched forward's requests: how long before the forward the first and
 the last were sent, and how long after it the first and the last were answered (`batch_parts`).
 Usage: python bench/step_trace.py [--tiny] [--busy-poll auto|on|off] [--draft-quantize none|int8|w8a8]
-                                  [--draft-head-rows N] [--pin-services] [--batch N] [--keep-traces DIR]
+                                  [--draft-head-rows N] [--pin-services] [--mps] [--batch N] [--keep-traces DIR]
                                   [--out PATH]
 """
 from __future__ import annotations
@@ -41,6 +41,7 @@ import statistics
 import sys
 import tempfile
 import time
+from contextlib import ExitStack
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -51,6 +52,7 @@ import grpc  # noqa: E402
 
 from gpu_e2e import (LLAMA_1B, LLAMA_8B, TINY, prompts_text, run_config, write_model_dir,  # noqa: E402
                      write_reduced_head_draft)
+import mps  # noqa: E402
 from report import save_report  # noqa: E402
 from tiny_models import build_tokenizer  # noqa: E402
 
@@ -176,11 +178,14 @@ def main() -> None:
     parser.add_argument("--busy-poll", choices=["auto", "on", "off"], default="auto")
     parser.add_argument("--draft-head-rows", type=int, default=None, help="the draft's LM head keeps this many rows")
     parser.add_argument("--pin-services", action="store_true", help="each service on a CPU of its own (--cpus)")
+    parser.add_argument("--mps", action="store_true", help="the services under a CUDA MPS daemon of this run's own (bench/mps.py)")
     parser.add_argument("--keep-traces", type=Path, default=None, help="copy the probes' files here")
     parser.add_argument("--batch", type=int, default=1,
                         help="concurrent streams; above 1 each batched forward's requests are timed (batch_parts)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
+    if args.mps and (why := mps.check_available()):
+        parser.error(f"--mps: {why}")
     out = args.out or ROOT / "bench" / "results" / ("step_trace_tiny.json" if args.tiny else "step_trace.json")
     device, dtype = ("cpu", "float32") if args.tiny else ("cuda", "bfloat16")
     target_shape, draft_shape = (TINY, {**TINY, "num_hidden_layers": 1}) if args.tiny else (LLAMA_8B, LLAMA_1B)
@@ -207,7 +212,10 @@ def main() -> None:
                                                                           *pin], env=env), 900)
 
         windows: dict[str, Interval] = {}
-        try:
+        with ExitStack() as stack:
+            if args.mps:  # entered first, so left last: the daemon quits once the services have stopped
+                stack.enter_context(mps.mps_daemon(work))
+            stack.callback(trio.stop)
             target = spawn("target", "target_service", ["--model", target_model, *common])
             plain = spawn("gateway-plain", "gateway", ["--target", target, "--draft", "none", "--log-level", "WARNING"])
             with grpc.insecure_channel(plain) as channel:
@@ -231,8 +239,6 @@ def main() -> None:
                 windows["spec"] = (started, time.perf_counter_ns())
             metrics.update(_stats_figures("spec", result))
             metrics["outputs_differ_from_reference"] = sum(a != b for a, b in zip(result["token_ids"], reference))
-        finally:
-            trio.stop()
         traces = load_traces(traces_dir)
         if args.keep_traces:
             shutil.copytree(traces_dir, args.keep_traces, dirs_exist_ok=True)
@@ -241,6 +247,7 @@ def main() -> None:
     for name, window in windows.items():
         metrics.update({f"{name}_{part}": value for part, value in parts(traces, window).items()})
     metrics["batch"] = args.batch
+    metrics["mps"] = float(args.mps)
     save_report("step_trace", metrics, out,
                 note="spec: SYNTHETIC acceptance (oracle draft, alpha 0.8, k 4); random weights; "
                      f"{args.batch} stream(s) at a time")

@@ -42,3 +42,21 @@ def test_a_request_sent_while_a_forward_runs_is_timed_against_the_next_one(step_
     parts = step_trace.batch_parts(traces, (0, 20 * MS))
     assert parts["tgt_num_forwards"] == 1
     assert parts["tgt_first_sent_ms"] == pytest.approx(5.0)
+
+
+def test_a_round_trips_host_work_splits_around_the_launch_and_the_read_back(step_trace):
+    us = 1_000  # ns
+    traces = {
+        "tgt.verify": [(100 * us, 5_000 * us)],
+        "tgt.process": [(200 * us, 4_900 * us)],
+        # launched 150 us into the work; 4 ms on the device; read back 100 us after the device finished
+        "gpu.replay": [(350 * us, 4_350 * us)],
+        "tgt.readback": [(400 * us, 4_450 * us)],
+    }
+    parts = step_trace.round_trip_parts(traces, (0, 5_100 * us), "tgt")
+    assert parts["tgt_gpu_ms"] == pytest.approx(4.0)
+    assert parts["tgt_pre_launch_ms"] == pytest.approx(0.15)
+    assert parts["tgt_launch_and_wait_ms"] == pytest.approx(0.1)
+    assert parts["tgt_post_read_ms"] == pytest.approx(0.45)
+    assert parts["tgt_pre_launch_ms"] + parts["tgt_launch_and_wait_ms"] + parts["tgt_post_read_ms"] == pytest.approx(
+        parts["tgt_host_ms"])
