@@ -9,9 +9,10 @@ its first graph launch fell from 349 to 131 us under MPS, the target's wait from
 
 `mps_daemon(directory)` starts `nvidia-cuda-mps-control -d` with its pipe and log directories under
 `directory` (so it is this run's own daemon, not the host's) and sets CUDA_MPS_PIPE_DIRECTORY and
-CUDA_MPS_LOG_DIRECTORY in this process's environment for the services spawned inside it; on exit it
-tells the daemon to quit (after the services have stopped: it waits for its clients) and restores the
-environment, so what runs after (the HF baseline) runs as it would on its own.
+CUDA_MPS_LOG_DIRECTORY in this process's environment for the services spawned inside it (or only yields
+them: bench/gpu_ab.py gives them to one variant's services); on exit it tells the daemon to quit (after
+the services have stopped: it waits for its clients) and restores the environment, so what runs after
+(the HF baseline) runs as it would on its own.
 """
 from __future__ import annotations
 
@@ -34,21 +35,32 @@ def check_available() -> str | None:
 
 
 @contextmanager
-def mps_daemon(directory: Path) -> Iterator[None]:
+def mps_daemon(directory: Path, set_environ: bool = True) -> Iterator[dict[str, str]]:
+    """Yields the variables a process needs to be this daemon's client; with `set_environ`, sets them
+    in this process's environment too (restored on exit), for the services spawned inside."""
     pipe, log = directory / "mps-pipe", directory / "mps-log"
     pipe.mkdir(parents=True, exist_ok=True)
     log.mkdir(parents=True, exist_ok=True)
+    client_env = dict(zip(ENV_NAMES, (str(pipe), str(log))))
     saved = {name: os.environ.get(name) for name in ENV_NAMES}
-    os.environ.update(dict(zip(ENV_NAMES, (str(pipe), str(log)))))
+    if set_environ:
+        os.environ.update(client_env)
     try:
-        subprocess.run([CONTROL, "-d"], check=True, timeout=30)
+        subprocess.run([CONTROL, "-d"], env={**os.environ, **client_env}, check=True, timeout=30)
         try:
-            yield
+            yield client_env
         finally:
-            subprocess.run([CONTROL], input=b"quit\n", check=False, timeout=60)
+            subprocess.run([CONTROL], input=b"quit\n", env={**os.environ, **client_env}, check=False, timeout=60)
     finally:
         for name, value in saved.items():
             if value is None:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+
+
+def no_mps_env(directory: Path) -> dict[str, str]:
+    """The variables that keep a process off any MPS daemon (a host-wide one included): a pipe directory
+    no daemon listens on, so CUDA starts a context of its own."""
+    (directory / "no-mps-pipe").mkdir(parents=True, exist_ok=True)
+    return {"CUDA_MPS_PIPE_DIRECTORY": str(directory / "no-mps-pipe")}

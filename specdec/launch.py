@@ -45,11 +45,14 @@ class Trio:
         self.workdir = workdir
         self.services: list[Service] = []
 
-    def spawn(self, name: str, module: str, args: list[str], env: dict[str, str] | None = None) -> Service:
-        """`env`: variables set for this service on top of ours (e.g. CUDA_VISIBLE_DEVICES)."""
+    def spawn(self, name: str, module: str, args: list[str], env: dict[str, str] | None = None,
+              cwd: Path | None = None) -> Service:
+        """`env`: variables set for this service on top of ours (e.g. CUDA_VISIBLE_DEVICES); `cwd`: the
+        directory it runs in, whose packages it imports first (another checkout: bench/gpu_ab.py)."""
         ready_file = self.workdir / f"{name}.addr"
         command = [sys.executable, "-m", module, "--port", "0", "--ready-file", str(ready_file), *args]
-        service = Service(name, subprocess.Popen(command, env={**os.environ, **env} if env else None), ready_file)
+        service = Service(name, subprocess.Popen(command, env={**os.environ, **env} if env else None, cwd=cwd),
+                          ready_file)
         self.services.append(service)
         return service
 

@@ -60,3 +60,16 @@ def test_the_daemon_quits_when_the_block_fails(mps, control: Path, tmp_path: Pat
 def test_without_the_control_binary_the_reason_is_given(mps, monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
     monkeypatch.setenv("PATH", str(tmp_path))
     assert "nvidia-cuda-mps-control is not on PATH" in mps.check_available()
+
+
+def test_a_daemon_for_some_services_only_leaves_this_process_alone(mps, control: Path, tmp_path: Path):
+    with mps.mps_daemon(tmp_path / "run", set_environ=False) as client_env:
+        assert client_env["CUDA_MPS_PIPE_DIRECTORY"] == str(tmp_path / "run" / "mps-pipe")
+        assert "CUDA_MPS_PIPE_DIRECTORY" not in os.environ
+    assert control.read_text().splitlines()[0] == f"args=-d pipe={tmp_path / 'run' / 'mps-pipe'} stdin="
+
+
+def test_services_kept_off_mps_get_a_pipe_directory_no_daemon_listens_on(mps, tmp_path: Path):
+    env = mps.no_mps_env(tmp_path)
+    assert Path(env["CUDA_MPS_PIPE_DIRECTORY"]).is_dir()
+    assert list(Path(env["CUDA_MPS_PIPE_DIRECTORY"]).iterdir()) == []

@@ -1,0 +1,197 @@
+"""A/B of two variants of the whole trio on one GPU, measured in turn in one process.
+
+The trio's figures move by several per cent from one machine start to the next (docs/benchmarks.md:
+target-only 164.8-172.9 tok/s in four runs of one code; HF static 114-137), which is as much as most
+single changes gain, and runs in sequence within one call drift too. So this starts both variants'
+trios side by side (target, plain gateway, oracle draft and gateway each: bench/gpu_e2e.py's shapes and
+synthetic acceptance) and measures them alternately, round after round (A B, then B A, ...): batch-1
+target-only, then speculation at alpha 0.8, k 4. A variant is
+  * `--X-env K=V ...`: variables for its four services (e.g. SPECDEC_PDL=1 for the target's kernels);
+  * `--X-mps`: its services share one GPU context through a CUDA MPS daemon of this run's own
+    (bench/mps.py); the other variant's are kept off MPS;
+  * `--X-tree DIR`: its services run from another checkout, so a code change is measured against its
+    parent: `git worktree add .ab/base COMMIT && rm -rf .ab/base/drafts` (.ab/ is git-ignored; on the
+    device machine name it in the run's `carry`, where its 43 MB of shipped draft weights would not fit).
+While one variant runs, the other's services wait idle (no stream open: no busy polling).
+Metrics per variant label (medians over the rounds): `LABEL_target_only_tok_s`,
+`LABEL_spec_tok_s_alpha0.8_k4`, `LABEL_draft_propose_ms_k4`, `LABEL_target_verify_ms_k4`,
+`LABEL_rpc_overhead_fraction`; `b_over_a_*` their ratios; every round's figures in the details. Each
+variant's speculative output is checked equal to its own reference, and the two variants' target-only
+outputs against each other (`target_only_outputs_differ_a_vs_b`: 0 for changes that keep the bits).
+`--tiny` runs it with tiny models on the CPU (checks the script; no meaningful numbers).
+Usage: python bench/gpu_ab.py [--tiny] [--a-label A] [--b-label B] [--a-env K=V ...] [--b-env K=V ...]
+                              [--a-mps] [--b-mps] [--a-tree DIR] [--b-tree DIR] [--rounds 4]
+                              [--draft-quantize none|int8|w8a8] [--draft-head-rows N] [--pin-services]
+                              [--max-new-tokens N] [--num-prompts N] [--out PATH]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "bench"), str(ROOT / "tests")]
+
+import specdec  # noqa: E402,F401 - before grpc: it picks gRPC's poller (specdec/__init__.py)
+import grpc  # noqa: E402
+
+import mps  # noqa: E402
+from gpu_e2e import LLAMA_1B, LLAMA_8B, TINY, prompts_text, run_config, write_model_dir, write_reduced_head_draft  # noqa: E402
+from report import save_report  # noqa: E402
+from tiny_models import build_tokenizer  # noqa: E402
+
+from specdec.cpu_affinity import cpus_from_the_last  # noqa: E402
+from specdec.launch import Trio, interrupt_on_sigterm  # noqa: E402
+from specdec.v1 import gateway_pb2_grpc  # noqa: E402
+
+FIGURES = {  # metric name: (configuration, run_config's key)
+    "target_only_tok_s": ("target_only", "tok_s"),
+    "spec_tok_s_alpha0.8_k4": ("spec", "tok_s"),
+    "draft_propose_ms_k4": ("spec", "draft_ms_per_step"),
+    "target_verify_ms_k4": ("spec", "target_ms_per_step"),
+    "rpc_overhead_fraction": ("spec", "rpc_overhead_fraction"),
+}
+
+
+@dataclass
+class Variant:
+    label: str
+    env: dict[str, str]
+    mps: bool
+    tree: Path | None
+    target: str = ""  # addresses once started
+    plain: str = ""
+    gateway: str = ""
+    reference: list[list[int]] = field(default_factory=list)  # target-only greedy output
+    rounds: list[dict[str, dict]] = field(default_factory=list)  # per round: configuration -> run_config's result
+
+
+def parse_env(pairs: list[str], parser: argparse.ArgumentParser) -> dict[str, str]:
+    env = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name:
+            parser.error(f"--X-env takes NAME=VALUE pairs, got {pair!r}")
+        env[name] = value
+    return env
+
+
+def alternating(variants: tuple[Variant, Variant], rounds: int) -> Iterator[Variant]:
+    """A B, B A, A B, ...: each variant runs first in half the rounds."""
+    for r in range(rounds):
+        yield from (variants if r % 2 == 0 else variants[::-1])
+
+
+def main() -> None:
+    interrupt_on_sigterm()  # a timeout's SIGTERM still stops the services
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tiny", action="store_true", help="tiny models on the CPU: checks the script only")
+    for x in "ab":
+        parser.add_argument(f"--{x}-label", default=x)
+        parser.add_argument(f"--{x}-env", nargs="*", default=[], metavar="NAME=VALUE")
+        parser.add_argument(f"--{x}-mps", action="store_true")
+        parser.add_argument(f"--{x}-tree", type=Path, default=None)
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--prompt-tokens", type=int, default=128)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--num-prompts", type=int, default=8)
+    parser.add_argument("--draft-quantize", choices=["none", "int8", "w8a8"], default="none")
+    parser.add_argument("--draft-head-rows", type=int, default=None)
+    parser.add_argument("--pin-services", action="store_true", help="each of the 8 services on a CPU of its own (--cpus)")
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "gpu_ab.json")
+    args = parser.parse_args()
+    variants = tuple(Variant(getattr(args, f"{x}_label"), parse_env(getattr(args, f"{x}_env"), parser),
+                             getattr(args, f"{x}_mps"), getattr(args, f"{x}_tree")) for x in "ab")
+    if variants[0].label == variants[1].label:
+        parser.error("the two variants need different labels (--a-label, --b-label)")
+    for v in variants:
+        if v.tree is not None and not (v.tree / "target_service").is_dir():
+            parser.error(f"--{v.label}-tree {v.tree}: not a checkout of this project (no target_service/)")
+    if any(v.mps for v in variants) and (why := mps.check_available()):
+        parser.error(f"--X-mps: {why}")
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
+    device, dtype = ("cpu", "float32") if args.tiny else ("cuda", "bfloat16")
+    target_shape, draft_shape = (TINY, {**TINY, "num_hidden_layers": 1}) if args.tiny else (LLAMA_8B, LLAMA_1B)
+    with tempfile.TemporaryDirectory(prefix="specdec-ab-") as tmp:
+        work = Path(tmp)
+        tokenizer = build_tokenizer()
+        target_model = write_model_dir(work / "target", target_shape, tokenizer)
+        draft_model = write_model_dir(work / "draft", draft_shape, tokenizer)
+        if args.draft_head_rows:
+            draft_model = write_reduced_head_draft(work / "draft-reduced-head", draft_model, args.draft_head_rows)
+        prompts = prompts_text(tokenizer, args.num_prompts, args.prompt_tokens)
+        prompt_ids = [tokenizer.encode(p) for p in prompts]
+        common = ["--device", device, "--dtype", dtype, "--max-model-len", "1024", "--log-level", "WARNING",
+                  "--max-batch-size", "1", "--kv-cache-tokens", str(16 * (args.prompt_tokens * 2 + args.max_new_tokens + 64))]
+        cpus = cpus_from_the_last()
+        trio = Trio(work)
+        with ExitStack() as stack:
+            mps_env = (stack.enter_context(mps.mps_daemon(work, set_environ=False))  # left last: after the services
+                       if any(v.mps for v in variants) else {})
+            stack.callback(trio.stop)
+            envs = {v.label: {**v.env, **(mps_env if v.mps else mps.no_mps_env(work))} for v in variants}
+
+            def spawn(v: Variant, name: str, module: str, service_args: list[str]):
+                pin = ["--cpus", str(next(cpus))] if args.pin_services else []
+                return trio.spawn(f"{v.label}-{name}", module, [*service_args, *pin], env=envs[v.label], cwd=v.tree)
+
+            targets = {v.label: spawn(v, "target", "target_service", ["--model", target_model, *common]) for v in variants}
+            for v in variants:  # started side by side: the slow part (graph capture) overlaps
+                target = trio.wait_ready(targets[v.label], 900)
+                v.plain = trio.wait_ready(spawn(v, "gateway-plain", "gateway", ["--target", target, "--draft", "none",
+                                                                                 "--log-level", "WARNING"]), 60)
+                v.target = target
+            drafts = {}
+            for v in variants:
+                with grpc.insecure_channel(v.plain) as channel:
+                    v.reference = run_config(gateway_pb2_grpc.GatewayStub(channel), prompts, 1, args.max_new_tokens, 0)["token_ids"]
+                continuations = work / f"{v.label}-continuations.json"
+                continuations.write_text(json.dumps(
+                    [{"prompt_ids": p, "token_ids": t} for p, t in zip(prompt_ids, v.reference)]))
+                drafts[v.label] = spawn(v, "draft", "bench.oracle_draft", [
+                    "--model", draft_model, "--continuations", str(continuations), "--alphas", "0.8",
+                    "--quantize", args.draft_quantize, *common])
+            for v in variants:
+                draft = trio.wait_ready(drafts[v.label], 900)
+                v.gateway = trio.wait_ready(spawn(v, "gateway", "gateway", ["--target", v.target, "--draft", draft,
+                                                                            "--log-level", "WARNING"]), 60)
+            for v in alternating(variants, args.rounds):
+                with grpc.insecure_channel(v.plain) as plain, grpc.insecure_channel(v.gateway) as gateway:
+                    target_only = run_config(gateway_pb2_grpc.GatewayStub(plain), prompts, 1, args.max_new_tokens, 0)
+                    spec = run_config(gateway_pb2_grpc.GatewayStub(gateway), prompts, 1, args.max_new_tokens, 4, "oracle-0.8")
+                v.rounds.append({"target_only": target_only, "spec": spec})
+    save_report("gpu_ab", ab_metrics(variants), args.out,
+                variants={v.label: {"env": v.env, "mps": v.mps, "tree": str(v.tree) if v.tree else None} for v in variants},
+                details={v.label: [{config: {k: x for k, x in result.items() if k != "token_ids"}
+                                    for config, result in r.items()} for r in v.rounds] for v in variants},
+                note="spec: SYNTHETIC acceptance (oracle draft, alpha 0.8, k 4); random weights; batch 1; "
+                     "variants measured alternately on one GPU")
+
+
+def ab_metrics(variants: tuple[Variant, Variant]) -> dict[str, float]:
+    """Medians over the rounds per variant, their ratios (b over a), and the output checks."""
+    metrics: dict[str, float] = {"rounds": len(variants[0].rounds)}
+    for name, (config, key) in FIGURES.items():
+        medians = [statistics.median(r[config][key] for r in v.rounds) for v in variants]
+        for v, median in zip(variants, medians):
+            metrics[f"{v.label}_{name}"] = median
+        metrics[f"b_over_a_{name}"] = medians[1] / medians[0]
+    for v in variants:
+        metrics[f"{v.label}_spec_outputs_differ"] = sum(
+            sum(a != b for a, b in zip(r["spec"]["token_ids"], v.reference)) for r in v.rounds)
+        metrics[f"{v.label}_target_only_outputs_differ"] = sum(
+            sum(a != b for a, b in zip(r["target_only"]["token_ids"], v.reference)) for r in v.rounds)
+    metrics["target_only_outputs_differ_a_vs_b"] = sum(a != b for a, b in zip(*(v.reference for v in variants)))
+    return metrics
+
+
+if __name__ == "__main__":
+    main()
