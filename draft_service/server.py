@@ -10,7 +10,7 @@ import torch
 from draft_service.registry import NGRAM, DraftRegistry, model_loader
 from draft_service.servicer import DraftServicer
 from engine.model_runner import RuntimeConfig
-from specdec.busy_poll import busy_poll_enabled
+from specdec.busy_poll import busy_poll_enabled, keep_warm_enabled
 from specdec.metrics import EngineSource, engine_registry
 from specdec.serving import RunningServer, serve_until_signal, start_server
 from specdec.tls import ServerTls, server_tls_config
@@ -34,7 +34,7 @@ async def start_draft_server(
         lambda server: draft_pb2_grpc.add_DraftServiceServicer_to_server(servicer, server),
         [SERVICE_NAME], host, port, ready_file, cleanup=drafts.stop,
         metrics_registry=registry, metrics_port=metrics_port, credentials=tls.credentials() if tls else None,
-        busy_poll=busy_poll, idle_poll=idle_poll,
+        busy_poll=busy_poll, idle_poll=idle_poll, rehearse=servicer.rehearse if keep_warm_enabled() else None,
     )
 
 

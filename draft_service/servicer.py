@@ -13,6 +13,10 @@ from specdec.messages import distributions_pb, model_info_pb, sampling_params
 from specdec.v1 import common_pb2, draft_pb2, draft_pb2_grpc
 
 
+_REHEARSAL_REQUEST = draft_pb2.DraftRequest(
+    propose=draft_pb2.ProposeCommand(num_accepted_draft_tokens=2, append_ids=[1], num_draft_tokens=4)).SerializeToString()
+
+
 class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
     def __init__(self, drafts: DraftRegistry, admin_token: str | None = None) -> None:
         """`admin_token`: what LoadDraft/UnloadDraft callers must send; None disables them."""
@@ -49,6 +53,18 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
                 lease.drafter.release(seq)
             if lease is not None:
                 self._drafts.release(lease)
+
+    def rehearse(self) -> None:
+        """A proposal's host work on scratch objects, its messages included (specdec/busy_poll.py's keeping
+        warm): a command parsed, the default drafter's rehearsal where it has one, an answer serialized."""
+        request = draft_pb2.DraftRequest.FromString(_REHEARSAL_REQUEST)
+        append_ids = list(request.propose.append_ids)
+        rehearse = getattr(self._drafts.default, "rehearse", None)  # model drafters (engine/model_drafter.py)
+        if rehearse is not None:
+            rehearse()
+        result = draft_pb2.ProposeResult(draft_ids=append_ids * request.propose.num_draft_tokens,
+                                         draft_probs=distributions_pb([]))
+        draft_pb2.DraftResponse(proposal=result, forward_ns=0).SerializeToString()
 
     async def GetModelInfo(self, request, context) -> common_pb2.ModelInfo:
         return model_info_pb(self._drafts.default.description)

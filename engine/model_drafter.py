@@ -33,6 +33,7 @@ from engine.drafter import DraftSequence, ProposeTiming, check_propose
 from engine.kv_cache import KVAdmission
 from engine.limits import check_new_sequence
 from engine.model_runner import ModelRunner
+from engine.rehearsal import Rehearsal
 from engine.sampling import SamplingParams
 from specdec.errors import CapacityError, InvalidRequestError
 
@@ -63,6 +64,7 @@ class ModelDrafter:
         self.admission = KVAdmission(runner.kv.config.num_blocks, runner.kv.block_size)
         # on CUDA: captures its graphs (call on the torch thread)
         self.draft_loop = DraftLoop(runner, LoopConfig().for_max_batch(runner.max_batch_size))
+        self._rehearsal: Rehearsal | None = None
         self._counters = {"num_active_sequences": 0, "num_sequences_started": 0, "num_forwards": 0,
                           "num_sequence_steps": 0, "num_ahead_hits": 0, "num_ahead_misses": 0}
 
@@ -147,6 +149,19 @@ class ModelDrafter:
         except Exception:  # noqa: BLE001 - e.g. no KV room: the proposal is made afresh
             return None
         return chain
+
+    def rehearse(self) -> None:
+        """A proposal's host work on scratch objects (engine/rehearsal.py: its checks, its first step, the
+        loop inputs' host writes), to keep that code warm between steps; the drafter's state is not touched."""
+        if self._rehearsal is None:
+            self._rehearsal = Rehearsal(self.runner.kv.block_size, 1, self.runner.max_model_len, num_extra=2)
+        rehearsal = self._rehearsal
+        self.runner.check_token_ids(rehearsal.token_ids, "append_ids")
+        check_propose(1, self._max_draft_tokens)
+        step = rehearsal.step()
+        rehearsal.inputs.host_extra[0] = [len(step.token_ids) - 1]
+        rehearsal.inputs.host_extra[1] = [step.kv.num_tokens + len(step.token_ids) - 1]
+        rehearsal.fill(step)
 
     def release(self, seq: DraftSequence) -> None:
         self._cancel_ahead(seq)

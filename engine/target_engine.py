@@ -22,6 +22,7 @@ from engine.batching_loop import BatchingLoop, ForwardObserver
 from engine.kv_cache import KVAdmission, SequenceKV
 from engine.limits import check_new_sequence
 from engine.model_runner import ModelRunner
+from engine.rehearsal import Rehearsal
 from engine.sampling import Distribution, SamplingParams, check_draft_probs, sample_token, verify_sampled
 from engine.verification import Verification, verify_greedy
 from specdec.errors import InvalidRequestError
@@ -81,6 +82,7 @@ class TargetEngine:
         self.num_sequences_started = 0
         self.num_forwards = 0
         self.num_sequence_steps = 0
+        self._rehearsal: tuple[Rehearsal, TargetSequence] | None = None
 
     def start(self) -> None:
         self._loop.start()
@@ -134,6 +136,20 @@ class TargetEngine:
             )
         outcome = await self._loop.submit(_Job(seq, list(draft_ids), draft_probs))
         return outcome.verification, outcome.timing
+
+    def rehearse(self, num_draft_tokens: int = 4) -> None:
+        """A verify's host work on scratch objects (engine/rehearsal.py: its checks, its step, the graph
+        inputs' host writes), to keep that code warm between steps; the engine's state is not touched."""
+        if self._rehearsal is None:
+            rehearsal = Rehearsal(self.runner.kv.block_size, num_draft_tokens + 1, self.runner.max_model_len)
+            seq = TargetSequence(list(range(rehearsal.context + 1)), rehearsal.kv, self.runner.max_model_len, 0)
+            self._rehearsal = rehearsal, seq
+        rehearsal, seq = self._rehearsal
+        job = _Job(seq, rehearsal.token_ids[1:])
+        self.runner.check_token_ids(job.draft_ids, "draft_ids")
+        step = _step_input(job, self.config.max_num_batched_tokens, None, first_prefill=True)
+        self.runner.forward_groups([step])
+        rehearsal.fill(step)
 
     def release(self, seq: TargetSequence) -> None:
         """Frees the sequence's KV blocks (after any batch that uses them has finished)."""

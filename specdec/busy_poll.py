@@ -27,26 +27,44 @@ keeps that CPU awake, so a message wakes the poller there without waiting for a 
 `--idle-poll` (same modes, same auto rule; off unless asked) keeps the host's idle CPUs from
 halting while any stream is open: a SCHED_IDLE spinner per CPU (specdec/idle_cpus.py), which wakes
 gRPC's own threads in time where the loop's polling cannot.
+
+Keeping warm (`SPECDEC_KEEP_WARM=1`, off by default; not yet measured on the GPU host): while polling,
+the loop runs the service's `rehearse` (its step's host work on scratch objects, engine/rehearsal.py)
+every REHEARSE_EVERY_S, so that code is not cold in the CPU's caches when the next message comes (after a
+gap of milliseconds the same work ran several times slower on the CPU VM: bench/cold_host.py). A
+rehearsal that raises is logged and not run again.
 """
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from specdec.idle_cpus import IdleCpus
 from specdec.poller_affinity import PollerAffinity
 
+log = logging.getLogger(__name__)
+
 MODES = ("auto", "on", "off")
 MIN_CPUS = 8
+KEEP_WARM_ENV = "SPECDEC_KEEP_WARM"
+REHEARSE_EVERY_S = 0.5e-3  # bench/cold_host.py: every 0.25-1 ms kept the work as fast as back to back
 
 
-def make_busy_poll(loop: bool, idle_cpus: bool) -> BusyPoll | None:
-    """What a server holds per stream: its loop polling and/or the idle CPUs; None for neither."""
+def keep_warm_enabled() -> bool:
+    """Whether a polling service rehearses its step between messages (SPECDEC_KEEP_WARM=1; module doc)."""
+    return os.environ.get(KEEP_WARM_ENV, "0") == "1"
+
+
+def make_busy_poll(loop: bool, idle_cpus: bool, rehearse: Callable[[], None] | None = None) -> BusyPoll | None:
+    """What a server holds per stream: its loop polling and/or the idle CPUs; None for neither.
+    `rehearse`: run every REHEARSE_EVERY_S while the loop polls (keeping warm, module doc)."""
     if not (loop or idle_cpus):
         return None
-    return BusyPoll(loop, IdleCpus() if idle_cpus else None)
+    return BusyPoll(loop, IdleCpus() if idle_cpus else None, rehearse)
 
 
 def busy_poll_enabled(mode: str, model_device: str, num_cpus: int | None = None) -> bool:
@@ -66,11 +84,14 @@ class BusyPoll:
     `idle_cpus` (specdec/idle_cpus.py) the host's idle CPUs poll while it is held at all; with
     `loop=False` only they do."""
 
-    def __init__(self, loop: bool = True, idle_cpus: IdleCpus | None = None) -> None:
+    def __init__(self, loop: bool = True, idle_cpus: IdleCpus | None = None,
+                 rehearse: Callable[[], None] | None = None) -> None:
         self.loop = loop
         self.idle_cpus = idle_cpus
+        self.rehearse = rehearse
         self.num_holders = 0
         self.num_polls = 0
+        self.num_rehearsals = 0
         self._task: asyncio.Task | None = None
 
     @contextmanager
@@ -108,10 +129,23 @@ class BusyPoll:
 
     async def _poll(self) -> None:
         poller = PollerAffinity()  # gRPC's poller thread on the CPU this loop keeps awake
+        next_rehearsal = time.perf_counter() + REHEARSE_EVERY_S
         try:
             while True:
                 await asyncio.sleep(0)
                 self.num_polls += 1
                 poller.follow()
+                if self.rehearse is not None and time.perf_counter() >= next_rehearsal:
+                    self._rehearse()
+                    next_rehearsal = time.perf_counter() + REHEARSE_EVERY_S
         finally:
             poller.release()
+
+    def _rehearse(self) -> None:
+        try:
+            self.rehearse()
+        except Exception:  # noqa: BLE001 - keeping warm is an optimisation: never worth a failed poll
+            log.exception("rehearsal failed; not rehearsing again")
+            self.rehearse = None
+        else:
+            self.num_rehearsals += 1

@@ -232,6 +232,7 @@ async def start_server(
     credentials: grpc.ServerCredentials | None = None,
     busy_poll: bool = False,
     idle_poll: bool = False,
+    rehearse: Callable[[], None] | None = None,
 ) -> RunningServer:
     """Starts an asyncio gRPC server with our services, grpc.health.v1 and reflection.
 
@@ -242,10 +243,11 @@ async def start_server(
     `max_receive_bytes` is refused by gRPC with RESOURCE_EXHAUSTED. With `credentials` the port
     speaks TLS (specdec.tls), otherwise plaintext. `busy_poll`: the event loop polls instead of
     sleeping while one streaming RPC of `service_names` runs (specdec/busy_poll.py); `idle_poll`: the
-    host's idle CPUs poll while any does (specdec/idle_cpus.py).
+    host's idle CPUs poll while any does (specdec/idle_cpus.py); `rehearse`: run now and then while the
+    loop polls (specdec/busy_poll.py's keeping warm).
     """
     options = [*SERVER_OPTIONS, ("grpc.max_receive_message_length", max_receive_bytes)]
-    poll = make_busy_poll(busy_poll, idle_poll)
+    poll = make_busy_poll(busy_poll, idle_poll, rehearse)
     polling = [BusyPollInterceptor(poll, service_names)] if poll else []
     server = grpc.aio.server(interceptors=[*polling, RequestIdInterceptor(), *interceptors, ErrorInterceptor()],
                              options=options)

@@ -9,7 +9,7 @@ from pathlib import Path
 from engine.batching_loop import torch_thread
 from engine.model_runner import ModelRunner, RuntimeConfig
 from engine.target_engine import TargetEngine, TargetEngineConfig
-from specdec.busy_poll import busy_poll_enabled
+from specdec.busy_poll import busy_poll_enabled, keep_warm_enabled
 from specdec.metrics import EngineSource, engine_registry
 from specdec.serving import RunningServer, serve_until_signal, start_server
 from specdec.tls import ServerTls, server_tls_config
@@ -38,7 +38,7 @@ async def start_target_server(
         lambda server: target_pb2_grpc.add_TargetServiceServicer_to_server(servicer, server),
         [SERVICE_NAME], host, port, ready_file, cleanup=engine.stop,
         metrics_registry=registry, metrics_port=metrics_port, credentials=tls.credentials() if tls else None,
-        busy_poll=busy_poll, idle_poll=idle_poll,
+        busy_poll=busy_poll, idle_poll=idle_poll, rehearse=servicer.rehearse if keep_warm_enabled() else None,
     )
 
 

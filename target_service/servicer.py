@@ -12,6 +12,9 @@ from specdec.messages import distributions, model_info_pb, sampling_params
 from specdec.v1 import common_pb2, target_pb2, target_pb2_grpc
 
 
+_REHEARSAL_REQUEST = target_pb2.TargetRequest(verify=target_pb2.VerifyCommand(draft_ids=[1, 2, 3, 4])).SerializeToString()
+
+
 class TargetServicer(target_pb2_grpc.TargetServiceServicer):
     def __init__(self, engine: TargetEngine) -> None:
         self._engine = engine
@@ -45,6 +48,15 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
         finally:  # normal end, error, cancellation or a dead client: the KV goes back
             if seq is not None:
                 self._engine.release(seq)
+
+    def rehearse(self) -> None:
+        """A verify's host work on scratch objects, its messages included (specdec/busy_poll.py's keeping
+        warm): a command parsed, the engine's rehearsal, an answer serialized."""
+        request = target_pb2.TargetRequest.FromString(_REHEARSAL_REQUEST)
+        draft_ids = list(request.verify.draft_ids)
+        self._engine.rehearse(len(draft_ids))
+        result = target_pb2.VerifyResult(num_accepted_draft_tokens=len(draft_ids), committed_ids=draft_ids)
+        _response(StepTiming(0, 1), verify=result).SerializeToString()
 
     async def GetModelInfo(self, request, context) -> common_pb2.ModelInfo:
         return model_info_pb(self._engine.runner.description)

@@ -31,6 +31,9 @@ def polling_trio(loop, model_dirs):
     deadline. A 0.5 ms interval for these tests bounds that wait as a loop of its own would."""
     switch_interval = sys.getswitchinterval()
     sys.setswitchinterval(0.0005)
+    # the model services keep warm too (specdec/busy_poll.py): their rehearsals run beside real streams
+    keep_warm = os.environ.get(busy_poll.KEEP_WARM_ENV)
+    os.environ[busy_poll.KEEP_WARM_ENV] = "1"
     runner = lambda name: ModelRunner(RuntimeConfig(model=str(model_dirs[name]), kv_cache_tokens=4096))  # noqa: E731
     target = loop.run(start_target_server(runner("target"), busy_poll=True))
     draft = loop.run(start_draft_server(DraftRegistry.of(ModelDrafter(runner("perturbed"))), busy_poll=True))
@@ -40,6 +43,10 @@ def polling_trio(loop, model_dirs):
     for server in (gateway, draft, target):
         loop.run(server.stop())
     sys.setswitchinterval(switch_interval)
+    if keep_warm is None:
+        os.environ.pop(busy_poll.KEEP_WARM_ENV)
+    else:
+        os.environ[busy_poll.KEEP_WARM_ENV] = keep_warm
 
 
 def _holders(trio) -> dict[str, int]:
@@ -64,6 +71,10 @@ def test_every_service_polls_during_a_stream_and_stops_after_it(polling_trio):
             pass
     assert during == {"gateway": 1, "target": 1, "draft": 1}
     assert all(server.busy_poll.num_polls > polls[name] for name, server in polling_trio.items())
+    # the model services rehearsed their steps while polling (none failed: a failure drops the rehearsal)
+    assert all(polling_trio[name].busy_poll.num_rehearsals > 0 and polling_trio[name].busy_poll.rehearse is not None
+               for name in ("target", "draft"))
+    assert polling_trio["gateway"].busy_poll.rehearse is None
     assert _wait_released(polling_trio) == {"gateway": 0, "target": 0, "draft": 0}
 
 

@@ -5,6 +5,7 @@ import asyncio
 
 import pytest
 
+from specdec import busy_poll
 from specdec.busy_poll import BusyPoll, busy_poll_enabled
 
 
@@ -44,3 +45,43 @@ def test_the_loop_polls_while_exactly_one_holder_is_left():
         assert (poll.num_holders, poll.is_polling, await polls_during(poll)) == (0, False, 0)
 
     asyncio.run(scenario())
+
+
+def test_a_polling_loop_rehearses_now_and_then_and_only_while_it_polls():
+    async def scenario() -> None:
+        calls: list[float] = []
+        poll = BusyPoll(rehearse=lambda: calls.append(asyncio.get_running_loop().time()))
+        with poll.held():
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(0)
+        held = len(calls)
+        await asyncio.sleep(0.01)
+        # about one every REHEARSE_EVERY_S of the 20 ms, none once the stream is gone
+        assert 5 <= held <= 0.02 / busy_poll.REHEARSE_EVERY_S + 1
+        assert len(calls) == held == poll.num_rehearsals
+
+    asyncio.run(scenario())
+
+
+def test_a_rehearsal_that_fails_is_dropped_and_the_loop_keeps_polling(caplog):
+    def broken() -> None:
+        raise RuntimeError("scratch state gone")
+
+    async def scenario() -> None:
+        poll = BusyPoll(rehearse=broken)
+        with poll.held():
+            await asyncio.sleep(0.005)
+            polls = poll.num_polls
+            await asyncio.sleep(0.005)
+            assert poll.num_polls > polls
+        assert poll.rehearse is None and poll.num_rehearsals == 0
+
+    asyncio.run(scenario())
+    assert [r.message for r in caplog.records] == ["rehearsal failed; not rehearsing again"]
+
+
+def test_keeping_warm_is_off_unless_asked(monkeypatch):
+    monkeypatch.delenv(busy_poll.KEEP_WARM_ENV, raising=False)
+    assert not busy_poll.keep_warm_enabled()
+    monkeypatch.setenv(busy_poll.KEEP_WARM_ENV, "1")
+    assert busy_poll.keep_warm_enabled()
