@@ -3,7 +3,7 @@
 A model service's host work runs once a step, after a gap of milliseconds in which the other service
 computes; after such a gap the same Python runs several times slower than back to back, its code and
 data gone cold in the CPU's caches (bench/cold_host.py on the 2-vCPU CI-class VM: 18 us back to back,
-88-212 us after 3.5 ms of busy waiting, 23-35 us with the work rehearsed every 0.5 ms of the gap; on the
+88-212 us after 3.5 ms of busy waiting, 23-41 us with the work rehearsed every 0.5 ms of the gap; on the
 H200 host bench/step_trace.py saw the target's host work 1.6x slower in speculative steps than in
 target-only ones). A polling event loop (specdec/busy_poll.py) can spend some of the gap rehearsing.
 
