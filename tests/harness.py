@@ -3,8 +3,12 @@ tests can drive them with ordinary blocking stubs."""
 from __future__ import annotations
 
 import asyncio
+import importlib.util
+import sys
 import threading
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Iterator
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import grpc
@@ -49,3 +53,17 @@ def seed_ending_at_eos(stub: gateway_pb2_grpc.GatewayStub, seeds: int = 64, **fi
 
 def kv_blocks_used(stub) -> int:
     return stub.GetEngineStats(common_pb2.EngineStatsRequest()).num_kv_blocks_used
+
+
+def bench_module(name: str) -> Iterator[ModuleType]:
+    """bench/NAME.py loaded as module NAME for a fixture's span (a script, not a package; its dataclasses
+    look their module up in sys.modules): `yield from bench_module("gpu_ab")`."""
+    path = Path(__file__).resolve().parents[1] / "bench" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        del sys.modules[name]

@@ -14,8 +14,16 @@ def _runner(model_dir) -> ModelRunner:
     return ModelRunner(RuntimeConfig(model=str(model_dir), kv_cache_tokens=2048))
 
 
-def _kv_state(runner: ModelRunner) -> tuple[int, int]:
-    return runner.kv.allocator.num_used, runner.num_eager_steps
+def _rehearsals_change_nothing(owner: TargetEngine | ModelDrafter, seq, rehearse: bool) -> bool:
+    """Rehearses `owner` three times (if asked); whether its KV blocks, forwards, counters and the open
+    sequence are as they were."""
+    def state():
+        return owner.runner.kv.allocator.num_used, owner.runner.num_eager_steps, seq.kv.num_tokens, owner.stats()
+
+    before = state()
+    for _ in range(3 if rehearse else 0):
+        owner.rehearse()
+    return state() == before
 
 
 def test_target_rehearsals_between_verifies_change_no_result_and_no_state(model_dirs):
@@ -25,10 +33,7 @@ def test_target_rehearsals_between_verifies_change_no_result_and_no_state(model_
         seq, first, _ = await engine.prefill(PROMPT, 32)
         committed, states = [first], []
         for drafts in ([1, 2, 3], [4], [7, 7, 7, 7]):
-            state = (_kv_state(engine.runner), seq.kv.num_tokens, engine.stats())
-            for _ in range(3 if rehearse else 0):
-                engine.rehearse()
-            states.append(state == (_kv_state(engine.runner), seq.kv.num_tokens, engine.stats()))
+            states.append(_rehearsals_change_nothing(engine, seq, rehearse))
             verification, _ = await engine.verify(seq, drafts)
             committed += verification.committed_ids
         engine.release(seq)
@@ -48,10 +53,7 @@ def test_draft_rehearsals_between_proposals_change_no_proposal_and_no_state(mode
         proposals, states = [], []
         num_accepted, append = 0, [9]
         for _ in range(3):
-            state = (_kv_state(drafter.runner), seq.kv.num_tokens, drafter.stats())
-            for _ in range(3 if rehearse else 0):
-                drafter.rehearse()
-            states.append(state == (_kv_state(drafter.runner), seq.kv.num_tokens, drafter.stats()))
+            states.append(_rehearsals_change_nothing(drafter, seq, rehearse))
             draft_ids, _ = await drafter.propose(seq, num_accepted, append, 3)
             proposals.append(draft_ids)
             num_accepted, append = 1, [draft_ids[1] + 1]

@@ -1,22 +1,14 @@
 """bench/gpu_ab.py: variants run in turn, each first in half the rounds; medians, ratios, output checks."""
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 
 import pytest
+from harness import bench_module
 
 
 @pytest.fixture(scope="module")
 def gpu_ab():
-    path = Path(__file__).resolve().parents[2] / "bench" / "gpu_ab.py"
-    spec = importlib.util.spec_from_file_location("gpu_ab", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["gpu_ab"] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    yield module
-    del sys.modules["gpu_ab"]
+    yield from bench_module("gpu_ab")
 
 
 def _result(tok_s: float, token_ids: list[list[int]], draft_ms: float = 3.0) -> dict:

@@ -4,21 +4,17 @@
 it was called (arguments, stdin, the pipe directory it was given), which is all the helper decides."""
 from __future__ import annotations
 
-import importlib.util
 import os
 import stat
 from pathlib import Path
 
 import pytest
+from harness import bench_module
 
 
 @pytest.fixture(scope="module")
 def mps():
-    path = Path(__file__).resolve().parents[2] / "bench" / "mps.py"
-    spec = importlib.util.spec_from_file_location("mps", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    yield from bench_module("mps")
 
 
 @pytest.fixture

@@ -1,21 +1,16 @@
 """bench/step_trace.py's batch timing: each batched forward is matched to the round trips it served."""
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 
 import pytest
+from harness import bench_module
 
 MS = 1_000_000  # ns
 
 
 @pytest.fixture(scope="module")
 def step_trace():
-    path = Path(__file__).resolve().parents[2] / "bench" / "step_trace.py"
-    spec = importlib.util.spec_from_file_location("step_trace", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    yield from bench_module("step_trace")
 
 
 def test_each_forward_is_timed_against_the_round_trips_it_served(step_trace):
