@@ -146,10 +146,7 @@ def propose_phases(draft_loop, kv, prompt: int, k: int, name: str, iters: int = 
         t0 = time.perf_counter()
         for s in steps:
             s.kv.reserve(len(s.token_ids) + k - 1)
-        loop.inputs.wait_for_copy()
-        loop.inputs.host_extra[0] = [0]
-        loop.inputs.host_extra[1] = [kv.num_tokens]
-        loop.inputs.fill(steps)
+        loop.inputs.fill(steps, extra=[[0], [kv.num_tokens]])
         t1 = time.perf_counter()
         start_event.record()
         loop.run(k)

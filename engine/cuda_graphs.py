@@ -116,9 +116,7 @@ class CudaGraphRunner:
         """Replays the bucket's prefill graph for a chunk whose KV slots are reserved; its [num_logits,
         vocab] logits, a copy (the next replay of the bucket overwrites the graph's)."""
         graph = self._prefills[_bucket(self._prefill_buckets, len(step.token_ids))]
-        graph.inputs.wait_for_copy()
-        graph.inputs.host_extra[0, 0] = len(step.token_ids) - 1  # the row of the chunk's last token
-        graph.inputs.fill([step])
+        graph.inputs.fill([step], extra=[[len(step.token_ids) - 1]])  # the row of the chunk's last token
         graph.graph.replay()
         self.num_prefill_replays += 1
         return graph.logits[: step.num_logits].clone()
@@ -144,8 +142,8 @@ class StaticInputs:
     The device tensors of `batch` are views of one flat buffer (int64: token ids, positions, slots;
     then int32: context lengths, block tables), filled from its host mirror (pinned on CUDA) in one
     copy: a step's host work is a few numpy writes, not a dozen tensor ops and copies. `num_extra`
-    more int64 rows of b values ride along for the caller (`extra`: device, `host_extra`: numpy,
-    written before `fill`).
+    more int64 rows of b values ride along for the caller (`extra`: device; written by `fill(steps,
+    extra)`, after the one wait for the last copy).
     """
 
     def __init__(self, b: int, q: int, max_blocks: int, block_size: int, device: torch.device,
@@ -156,7 +154,7 @@ class StaticInputs:
         self._host = torch.zeros(8 * num_long + 4 * num_int, dtype=torch.uint8, pin_memory=device.type == "cuda")
         host_long, host_int = _long_and_int(self._host, num_long)
         self._long = host_long[: 3 * b * q].view(3, b * q).numpy()
-        self.host_extra = host_long[3 * b * q:].view(num_extra, b).numpy()
+        self._host_extra = host_long[3 * b * q:].view(num_extra, b).numpy()
         self._context_lens = host_int[:b].numpy()
         self._block_tables = host_int[b:].view(b, max_blocks).numpy()
         self._fill_padding()
@@ -178,12 +176,15 @@ class StaticInputs:
             logits_indices=None,  # every row
         )
 
-    def fill(self, steps: list[StepInput]) -> None:
-        """Writes the steps (KV slots reserved), padding to q tokens and b sequences.
+    def fill(self, steps: list[StepInput], extra: list[list[int]] | None = None) -> None:
+        """Writes the steps (KV slots reserved), padding to q tokens and b sequences, and the `extra`
+        rows (b values each); then copies it all to the device.
 
         Pad tokens write their K/V into the scratch block and only pad queries attend to them.
         """
         self.wait_for_copy()
+        if extra is not None:
+            self._host_extra[:] = extra
         self._fill_padding()
         q, tokens = self.q, self._long
         for i, step in enumerate(steps):

@@ -186,11 +186,9 @@ class DraftLoop:
         if shape not in self._loops:  # only without graphs: captured loops all exist from the start
             self._loops[shape] = self._build(*shape)
         loop = self._loops[shape]
-        loop.inputs.wait_for_copy()
-        loop.inputs.host_extra[0] = [i * q + len(s.token_ids) - 1 for i, s in enumerate(steps)] + \
-            [i * q + q - 1 for i in range(len(steps), b)]
-        loop.inputs.host_extra[1] = [s.kv.num_tokens + len(s.token_ids) - 1 for s in steps] + [q - 1] * (b - len(steps))
-        loop.inputs.fill(steps)  # copies the rows above too
+        loop.inputs.fill(steps, extra=[  # each row's last token's row in the step, and its position
+            [i * q + len(s.token_ids) - 1 for i, s in enumerate(steps)] + [i * q + q - 1 for i in range(len(steps), b)],
+            [s.kv.num_tokens + len(s.token_ids) - 1 for s in steps] + [q - 1] * (b - len(steps))])
         if loop.params is not None:
             loop.params.fill(sampling)
         loop.run(k)

@@ -159,9 +159,7 @@ class ModelDrafter:
         self.runner.check_token_ids(rehearsal.token_ids, "append_ids")
         check_propose(1, self._max_draft_tokens)
         step = rehearsal.step()
-        rehearsal.inputs.host_extra[0] = [len(step.token_ids) - 1]
-        rehearsal.inputs.host_extra[1] = [step.kv.num_tokens + len(step.token_ids) - 1]
-        rehearsal.fill(step)
+        rehearsal.fill(step, extra=[[len(step.token_ids) - 1], [step.kv.num_tokens + len(step.token_ids) - 1]])
 
     def release(self, seq: DraftSequence) -> None:
         self._cancel_ahead(seq)

@@ -37,8 +37,8 @@ class Rehearsal:
     def step(self) -> StepInput:
         return StepInput(self.kv, list(self.token_ids), num_logits=len(self.token_ids))
 
-    def fill(self, step: StepInput) -> None:
+    def fill(self, step: StepInput, extra: list[list[int]] | None = None) -> None:
         """The graph inputs' host writes for `step`, as a replay's fill does; then the KV rolled back."""
         step.kv.reserve(len(step.token_ids))
-        self.inputs.fill([step])
+        self.inputs.fill([step], extra)
         step.kv.truncate(self.context)
