@@ -33,6 +33,7 @@ class Rehearsal:
         self.kv.commit(self.context)
         self.token_ids = list(range(num_tokens))
         self.inputs = StaticInputs(1, num_tokens, max_blocks, block_size, torch.device("cpu"), num_extra=num_extra)
+        self.logits = torch.zeros(num_tokens, 8)  # a step's logits in miniature, for its read back's host code
 
     def step(self) -> StepInput:
         return StepInput(self.kv, list(self.token_ids), num_logits=len(self.token_ids))

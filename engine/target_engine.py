@@ -139,7 +139,8 @@ class TargetEngine:
 
     def rehearse(self, num_draft_tokens: int = 4) -> None:
         """A verify's host work on scratch objects (engine/rehearsal.py: its checks, its step, the graph
-        inputs' host writes), to keep that code warm between steps; the engine's state is not touched."""
+        inputs' host writes, the greedy verification of small CPU logits), to keep that code warm between
+        steps; the engine's state is not touched."""
         if self._rehearsal is None:
             rehearsal = Rehearsal(self.runner.kv.block_size, num_draft_tokens + 1, self.runner.max_model_len)
             seq = TargetSequence(list(range(rehearsal.context + 1)), rehearsal.kv, self.runner.max_model_len, 0)
@@ -150,6 +151,7 @@ class TargetEngine:
         step = _step_input(job, self.config.max_num_batched_tokens, None, first_prefill=True)
         self.runner.forward_groups([step])
         rehearsal.fill(step)
+        verify_greedy(job.draft_ids, rehearsal.logits)
 
     def release(self, seq: TargetSequence) -> None:
         """Frees the sequence's KV blocks (after any batch that uses them has finished)."""
