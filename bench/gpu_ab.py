@@ -1,28 +1,28 @@
-"""A/B of two variants of the whole trio on one GPU, measured in turn in one process.
+"""A/B of variants of the whole trio on one GPU, measured in turn in one process.
 
 The trio's figures move by several per cent from one machine start to the next (docs/benchmarks.md:
 target-only 164.8-172.9 tok/s in four runs of one code; HF static 114-137), which is as much as most
-single changes gain, and runs in sequence within one call drift too. So this starts both variants'
-trios side by side (target, plain gateway, oracle draft and gateway each: bench/gpu_e2e.py's shapes and
-synthetic acceptance) and measures them alternately, round after round (A B, then B A, ...): batch-1
-target-only, then speculation at alpha 0.8, k 4. A variant is
-  * `--X-env K=V ...`: variables for its four services (e.g. SPECDEC_PDL=1 for the target's kernels);
-  * `--X-mps`: its services share one GPU context through a CUDA MPS daemon of this run's own
-    (bench/mps.py); the other variant's are kept off MPS;
-  * `--X-tree DIR`: its services run from another checkout, so a code change is measured against its
+single changes gain, and runs in sequence within one call drift too. So this starts every variant's
+trio side by side (target, plain gateway, oracle draft and gateway each: bench/gpu_e2e.py's shapes and
+synthetic acceptance) and measures them in turn, round after round, each round in another order (the
+variants rotated, each first in as many rounds): batch-1 target-only, then speculation at alpha 0.8,
+k 4. `--variant SPEC` (two or more; the first is the baseline), SPEC = LABEL[:ITEM,ITEM,...], an item
+  * `NAME=VALUE`: a variable for its four services (e.g. SPECDEC_PDL=1, SPECDEC_KEEP_WARM=1);
+  * `mps`: its services share one GPU context through a CUDA MPS daemon of this run's own
+    (bench/mps.py); the other variants' are kept off MPS;
+  * `tree=DIR`: its services run from another checkout, so a code change is measured against its
     parent: `git worktree add .ab/base COMMIT && rm -rf .ab/base/drafts` (.ab/ is git-ignored; on the
     device machine name it in the run's `carry`, where its 43 MB of shipped draft weights would not fit).
-While one variant runs, the other's services wait idle (no stream open: no busy polling).
+While one variant runs, the others' services wait idle (no stream open: no busy polling).
 Metrics per variant label (medians over the rounds): `LABEL_target_only_tok_s`,
 `LABEL_spec_tok_s_alpha0.8_k4`, `LABEL_draft_propose_ms_k4`, `LABEL_target_verify_ms_k4`,
-`LABEL_rpc_overhead_fraction`; `b_over_a_*` their ratios; every round's figures in the details. Each
-variant's speculative output is checked equal to its own reference, and the two variants' target-only
-outputs against each other (`target_only_outputs_differ_a_vs_b`: 0 for changes that keep the bits).
-`--tiny` runs it with tiny models on the CPU (checks the script; no meaningful numbers).
-Usage: python bench/gpu_ab.py [--tiny] [--a-label A] [--b-label B] [--a-env K=V ...] [--b-env K=V ...]
-                              [--a-mps] [--b-mps] [--a-tree DIR] [--b-tree DIR] [--rounds 4]
-                              [--draft-quantize none|int8|w8a8] [--draft-head-rows N] [--pin-services]
-                              [--max-new-tokens N] [--num-prompts N] [--out PATH]
+`LABEL_rpc_overhead_fraction`; `LABEL_over_BASE_*` each one's ratio to the baseline's; every round's
+figures in the details. Each variant's speculative output is checked equal to its own reference, and
+each target-only output against the baseline's (`LABEL_target_only_differs_from_base`: 0 for changes
+that keep the bits). `--tiny` runs it with tiny models on the CPU (checks the script; no meaningful numbers).
+Usage: python bench/gpu_ab.py --variant base --variant warm:SPECDEC_KEEP_WARM=1 [--variant mps:mps ...]
+                              [--tiny] [--rounds 4] [--draft-quantize none|int8|w8a8] [--draft-head-rows N]
+                              [--pin-services] [--max-new-tokens N] [--num-prompts N] [--out PATH]
 """
 from __future__ import annotations
 
@@ -73,49 +73,61 @@ class Variant:
     rounds: list[dict[str, dict]] = field(default_factory=list)  # per round: configuration -> run_config's result
 
 
-def parse_env(pairs: list[str], parser: argparse.ArgumentParser) -> dict[str, str]:
-    env = {}
-    for pair in pairs:
-        name, sep, value = pair.partition("=")
-        if not sep or not name:
-            parser.error(f"--X-env takes NAME=VALUE pairs, got {pair!r}")
-        env[name] = value
-    return env
+def parse_variant(spec: str) -> Variant:
+    """LABEL[:ITEM,...] (module doc); raises ValueError saying what is wrong."""
+    label, _, items = spec.partition(":")
+    if not label.isidentifier():
+        raise ValueError(f"variant {spec!r}: its label must be a name (letters, digits, _), got {label!r}")
+    env, mps_on, tree = {}, False, None
+    for item in filter(None, items.split(",")):
+        name, sep, value = item.partition("=")
+        if item == "mps":
+            mps_on = True
+        elif name == "tree" and sep:
+            tree = Path(value)
+        elif sep and name:
+            env[name] = value
+        else:
+            raise ValueError(f"variant {spec!r}: {item!r} is not NAME=VALUE, mps or tree=DIR")
+    return Variant(label, env, mps_on, tree)
 
 
-def alternating(variants: tuple[Variant, Variant], rounds: int) -> Iterator[Variant]:
-    """A B, B A, A B, ...: each variant runs first in half the rounds."""
+def rotations(variants: list[Variant], rounds: int) -> Iterator[Variant]:
+    """Round r runs the variants rotated by r: each first in as many rounds (with `rounds` a multiple)."""
     for r in range(rounds):
-        yield from (variants if r % 2 == 0 else variants[::-1])
+        shift = r % len(variants)
+        yield from variants[shift:] + variants[:shift]
 
 
 def main() -> None:
     interrupt_on_sigterm()  # a timeout's SIGTERM still stops the services
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tiny", action="store_true", help="tiny models on the CPU: checks the script only")
-    for x in "ab":
-        parser.add_argument(f"--{x}-label", default=x)
-        parser.add_argument(f"--{x}-env", nargs="*", default=[], metavar="NAME=VALUE")
-        parser.add_argument(f"--{x}-mps", action="store_true")
-        parser.add_argument(f"--{x}-tree", type=Path, default=None)
+    parser.add_argument("--variant", action="append", default=[], metavar="LABEL[:ITEM,...]",
+                        help="a variant (two or more, the first the baseline); items NAME=VALUE, mps, tree=DIR")
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--prompt-tokens", type=int, default=128)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--num-prompts", type=int, default=8)
     parser.add_argument("--draft-quantize", choices=["none", "int8", "w8a8"], default="none")
     parser.add_argument("--draft-head-rows", type=int, default=None)
-    parser.add_argument("--pin-services", action="store_true", help="each of the 8 services on a CPU of its own (--cpus)")
+    parser.add_argument("--pin-services", action="store_true",
+                        help="each service on a CPU of its own (--cpus; shared round robin beyond the CPUs)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "gpu_ab.json")
     args = parser.parse_args()
-    variants = tuple(Variant(getattr(args, f"{x}_label"), parse_env(getattr(args, f"{x}_env"), parser),
-                             getattr(args, f"{x}_mps"), getattr(args, f"{x}_tree")) for x in "ab")
-    if variants[0].label == variants[1].label:
-        parser.error("the two variants need different labels (--a-label, --b-label)")
+    try:
+        variants = [parse_variant(spec) for spec in args.variant]
+    except ValueError as e:
+        parser.error(str(e))
+    if len(variants) < 2:
+        parser.error("give two variants or more (--variant LABEL[:ITEM,...]); the first is the baseline")
+    if len({v.label for v in variants}) < len(variants):
+        parser.error("each variant needs a label of its own")
     for v in variants:
         if v.tree is not None and not (v.tree / "target_service").is_dir():
-            parser.error(f"--{v.label}-tree {v.tree}: not a checkout of this project (no target_service/)")
+            parser.error(f"variant {v.label}: tree {v.tree} is not a checkout of this project (no target_service/)")
     if any(v.mps for v in variants) and (why := mps.check_available()):
-        parser.error(f"--X-mps: {why}")
+        parser.error(f"variant with mps: {why}")
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
     device, dtype = ("cpu", "float32") if args.tiny else ("cuda", "bfloat16")
@@ -163,7 +175,7 @@ def main() -> None:
                 draft = trio.wait_ready(drafts[v.label], 900)
                 v.gateway = trio.wait_ready(spawn(v, "gateway", "gateway", ["--target", v.target, "--draft", draft,
                                                                             "--log-level", "WARNING"]), 60)
-            for v in alternating(variants, args.rounds):
+            for v in rotations(variants, args.rounds):
                 with grpc.insecure_channel(v.plain) as plain, grpc.insecure_channel(v.gateway) as gateway:
                     target_only = run_config(gateway_pb2_grpc.GatewayStub(plain), prompts, 1, args.max_new_tokens, 0)
                     spec = run_config(gateway_pb2_grpc.GatewayStub(gateway), prompts, 1, args.max_new_tokens, 4, "oracle-0.8")
@@ -173,23 +185,26 @@ def main() -> None:
                 details={v.label: [{config: {k: x for k, x in result.items() if k != "token_ids"}
                                     for config, result in r.items()} for r in v.rounds] for v in variants},
                 note="spec: SYNTHETIC acceptance (oracle draft, alpha 0.8, k 4); random weights; batch 1; "
-                     "variants measured alternately on one GPU")
+                     "variants measured in turn on one GPU")
 
 
-def ab_metrics(variants: tuple[Variant, Variant]) -> dict[str, float]:
-    """Medians over the rounds per variant, their ratios (b over a), and the output checks."""
-    metrics: dict[str, float] = {"rounds": len(variants[0].rounds)}
+def ab_metrics(variants: list[Variant]) -> dict[str, float]:
+    """Medians over the rounds per variant, each one's ratio to the baseline's (the first), and the output checks."""
+    base = variants[0]
+    metrics: dict[str, float] = {"rounds": len(base.rounds)}
     for name, (config, key) in FIGURES.items():
-        medians = [statistics.median(r[config][key] for r in v.rounds) for v in variants]
-        for v, median in zip(variants, medians):
-            metrics[f"{v.label}_{name}"] = median
-        metrics[f"b_over_a_{name}"] = medians[1] / medians[0]
+        medians = {v.label: statistics.median(r[config][key] for r in v.rounds) for v in variants}
+        for v in variants:
+            metrics[f"{v.label}_{name}"] = medians[v.label]
+        for v in variants[1:]:
+            metrics[f"{v.label}_over_{base.label}_{name}"] = medians[v.label] / medians[base.label]
     for v in variants:
         metrics[f"{v.label}_spec_outputs_differ"] = sum(
             sum(a != b for a, b in zip(r["spec"]["token_ids"], v.reference)) for r in v.rounds)
         metrics[f"{v.label}_target_only_outputs_differ"] = sum(
             sum(a != b for a, b in zip(r["target_only"]["token_ids"], v.reference)) for r in v.rounds)
-    metrics["target_only_outputs_differ_a_vs_b"] = sum(a != b for a, b in zip(*(v.reference for v in variants)))
+    for v in variants[1:]:
+        metrics[f"{v.label}_target_only_differs_from_{base.label}"] = sum(a != b for a, b in zip(v.reference, base.reference))
     return metrics
 
 

@@ -10,7 +10,7 @@ its first graph launch fell from 349 to 131 us under MPS, the target's wait from
 `mps_daemon(directory)` starts `nvidia-cuda-mps-control -d` with its pipe and log directories under
 `directory` (so it is this run's own daemon, not the host's) and sets CUDA_MPS_PIPE_DIRECTORY and
 CUDA_MPS_LOG_DIRECTORY in this process's environment for the services spawned inside it (or only yields
-them: bench/gpu_ab.py gives them to one variant's services); on exit it tells the daemon to quit (after
+them: bench/gpu_ab.py gives them to some variants' services); on exit it tells the daemon to quit (after
 the services have stopped: it waits for its clients) and restores the environment, so what runs after
 (the HF baseline) runs as it would on its own.
 """
