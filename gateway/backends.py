@@ -57,6 +57,41 @@ DRAFT_REQUEST_ERRORS = frozenset({grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusC
                                   grpc.StatusCode.OUT_OF_RANGE})
 
 
+def verify_request(proposal: Proposal) -> target_pb2.TargetRequest:
+    return target_pb2.TargetRequest(verify=target_pb2.VerifyCommand(
+        draft_ids=proposal.token_ids, draft_probs=distributions_pb(proposal.probs)))
+
+
+def verified(response: target_pb2.TargetResponse) -> Verified:
+    return Verified(response.verify.num_accepted_draft_tokens, list(response.verify.committed_ids))
+
+
+def propose_request(num_accepted: int, append_ids: list[int], num_draft_tokens: int) -> draft_pb2.DraftRequest:
+    return draft_pb2.DraftRequest(propose=draft_pb2.ProposeCommand(
+        num_accepted_draft_tokens=num_accepted, append_ids=append_ids, num_draft_tokens=num_draft_tokens))
+
+
+def proposed(response: draft_pb2.DraftResponse) -> Proposal:
+    return Proposal(list(response.proposal.draft_ids), distributions(response.proposal.draft_probs), response.forward_ns)
+
+
+_REHEARSAL_ANSWERS = (
+    target_pb2.TargetResponse(verify=target_pb2.VerifyResult(num_accepted_draft_tokens=2, committed_ids=[1, 2, 3]))
+    .SerializeToString(),
+    draft_pb2.DraftResponse(proposal=draft_pb2.ProposeResult(draft_ids=[1, 2, 3, 4]), forward_ns=1).SerializeToString(),
+)
+
+
+def rehearse_messages() -> None:
+    """A step's messages as the gateway builds, writes, reads and unpacks them, on made-up values
+    (specdec/busy_poll.py's keeping warm): no stream is touched."""
+    verify_answer, propose_answer = _REHEARSAL_ANSWERS
+    proposal = proposed(draft_pb2.DraftResponse.FromString(propose_answer))
+    verify_request(proposal).SerializeToString()
+    verification = verified(target_pb2.TargetResponse.FromString(verify_answer))
+    propose_request(verification.num_accepted, verification.committed_ids[-1:], 4).SerializeToString()
+
+
 class _BidiStream:
     """One request's bidi stream to a model service: write a command, read its answer."""
 
@@ -106,9 +141,7 @@ class TargetStream(_BidiStream):
         return response.prefill.token_id
 
     async def verify(self, proposal: Proposal) -> Verified:
-        command = target_pb2.VerifyCommand(draft_ids=proposal.token_ids, draft_probs=distributions_pb(proposal.probs))
-        response = await self.ask(target_pb2.TargetRequest(verify=command))
-        return Verified(response.verify.num_accepted_draft_tokens, list(response.verify.committed_ids))
+        return verified(await self.ask(verify_request(proposal)))
 
     def _is_lost(self, code: grpc.StatusCode) -> bool:
         return code in TARGET_LOST_CODES
@@ -130,12 +163,7 @@ class DraftStream(_BidiStream):
         self.prefill_forward_ns += response.forward_ns
 
     async def propose(self, num_accepted: int, append_ids: list[int], num_draft_tokens: int) -> Proposal:
-        command = draft_pb2.ProposeCommand(
-            num_accepted_draft_tokens=num_accepted, append_ids=append_ids, num_draft_tokens=num_draft_tokens
-        )
-        response = await self.ask(draft_pb2.DraftRequest(propose=command))
-        return Proposal(list(response.proposal.draft_ids), distributions(response.proposal.draft_probs),
-                        response.forward_ns)
+        return proposed(await self.ask(propose_request(num_accepted, append_ids, num_draft_tokens)))
 
     def _is_lost(self, code: grpc.StatusCode) -> bool:
         return code not in DRAFT_REQUEST_ERRORS

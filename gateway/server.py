@@ -6,12 +6,12 @@ import argparse
 import asyncio
 from pathlib import Path
 
-from gateway.backends import Backends
+from gateway.backends import Backends, rehearse_messages
 from gateway.config import GatewayConfig
 from gateway.driver import Driver
 from gateway.metrics import GatewayMetrics
 from gateway.servicer import GatewayServicer
-from specdec.busy_poll import busy_poll_enabled, make_busy_poll
+from specdec.busy_poll import busy_poll_enabled, keep_warm_enabled, make_busy_poll
 from specdec.serving import RunningServer, serve_until_signal, start_server
 from specdec.tls import ServerTls, server_tls_config
 from specdec.v1 import gateway_pb2, gateway_pb2_grpc
@@ -42,7 +42,8 @@ async def start_gateway_server(
     metrics = GatewayMetrics()
     # held per generation by the driver, so the OpenAI HTTP API's requests poll too
     device = backends.target_info.device
-    poll = make_busy_poll(busy_poll_enabled(busy_poll, device), busy_poll_enabled(idle_poll, device))
+    poll = make_busy_poll(busy_poll_enabled(busy_poll, device), busy_poll_enabled(idle_poll, device),
+                          rehearse_messages if keep_warm_enabled() else None)
     driver = Driver(config, backends, tokenizer, metrics, poll)
     servicer = GatewayServicer(driver)
     http = None
