@@ -29,10 +29,11 @@ halting while any stream is open: a SCHED_IDLE spinner per CPU (specdec/idle_cpu
 gRPC's own threads in time where the loop's polling cannot.
 
 Keeping warm (`SPECDEC_KEEP_WARM=1`, off by default; not yet measured on the GPU host): while polling,
-the loop runs the service's `rehearse` (its step's host work on scratch objects: engine/rehearsal.py in
-the model services, the step's messages in the gateway) every REHEARSE_EVERY_S, so that code is not cold in the CPU's caches when the next message comes (after a
-gap of milliseconds the same work ran several times slower on the CPU VM: bench/cold_host.py). A
-rehearsal that raises is logged and not run again.
+the loop runs the service's `rehearse` every REHEARSE_EVERY_S - its step's host work on scratch objects
+(engine/rehearsal.py in the model services; the step's messages in the gateway) - so that code is not
+cold in the CPU's caches when the next message comes (after a gap of milliseconds the same work ran
+several times slower on the CPU VM: bench/cold_host.py). A rehearsal that raises is logged and not run
+again.
 """
 from __future__ import annotations
 
