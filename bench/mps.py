@@ -1,11 +1,11 @@
 """CUDA MPS for the benchmarks' services: one GPU context shared by every process on the GPU.
 
 Without it, two processes on one GPU (the draft and the target services) each own a context, and the
-GPU switches between them on every hand-over of a speculative step. On the H200, batch 1, alpha 0.8,
-k 4, a W8A8 draft, services pinned (`python bench/step_trace.py ... --pin-services`, two machine
-starts, 2026-12-04; bench/results/step_trace_w8a8_pinned{,_mps}.json), the draft's host work before
-its first graph launch fell from 349 to 131 us under MPS, the target's wait from launch to read back
-(less the device time) from 156 to 87 us, and a step from 9.03 to 8.49 ms.
+GPU switches between them on every hand-over of a speculative step. Whether that costs a step anything
+is not settled: a traced pair on two machine starts (bench/results/step_trace_w8a8_pinned{,_mps}.json)
+showed a step 9.03 -> 8.49 ms with MPS, but pure Python sped up by as much there, and a full run under MPS
+on a third start (gpu_e2e_mps_pinned.json) was slower than the headline (docs/benchmarks.md);
+bench/gpu_ab.py measures it within one start.
 
 `mps_daemon(directory)` starts `nvidia-cuda-mps-control -d` with its pipe and log directories under
 `directory` (so it is this run's own daemon, not the host's) and sets CUDA_MPS_PIPE_DIRECTORY and
