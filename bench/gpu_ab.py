@@ -27,7 +27,6 @@ Usage: python bench/gpu_ab.py --variant base --variant warm:SPECDEC_KEEP_WARM=1 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
@@ -43,7 +42,8 @@ import specdec  # noqa: E402,F401 - before grpc: it picks gRPC's poller (specdec
 import grpc  # noqa: E402
 
 import mps  # noqa: E402
-from gpu_e2e import LLAMA_1B, LLAMA_8B, TINY, prompts_text, run_config, write_model_dir, write_reduced_head_draft  # noqa: E402
+from gpu_e2e import (LLAMA_1B, LLAMA_8B, TINY, prompts_text, run_config, write_continuations,  # noqa: E402
+                     write_model_dir, write_reduced_head_draft)
 from report import save_report  # noqa: E402
 from tiny_models import build_tokenizer  # noqa: E402
 
@@ -166,8 +166,7 @@ def main() -> None:
                 with grpc.insecure_channel(v.plain) as channel:
                     v.reference = run_config(gateway_pb2_grpc.GatewayStub(channel), prompts, 1, args.max_new_tokens, 0)["token_ids"]
                 continuations = work / f"{v.label}-continuations.json"
-                continuations.write_text(json.dumps(
-                    [{"prompt_ids": p, "token_ids": t} for p, t in zip(prompt_ids, v.reference)]))
+                write_continuations(continuations, prompt_ids, v.reference)
                 drafts[v.label] = spawn(v, "draft", "bench.oracle_draft", [
                     "--model", draft_model, "--continuations", str(continuations), "--alphas", "0.8",
                     "--quantize", args.draft_quantize, *common])

@@ -97,6 +97,11 @@ def write_reduced_head_draft(path: Path, base: str, head_rows: int) -> str:
     return str(path)
 
 
+def write_continuations(path: Path, prompt_ids: list[list[int]], token_ids: list[list[int]]) -> None:
+    """The target's greedy output per prompt, where bench/oracle_draft.py reads it (its Continuations)."""
+    path.write_text(json.dumps([{"prompt_ids": p, "token_ids": t} for p, t in zip(prompt_ids, token_ids)]))
+
+
 def prompts_text(tokenizer, count: int, num_tokens: int) -> list[str]:
     """Prompts of `num_tokens` tokens each (as the gateway tokenizes them), different from each other.
     Random ids decode to text that re-encodes longer (128 ids gave 203-232 tokens), so each prompt
@@ -307,8 +312,7 @@ def main() -> None:
                         result["outputs_differ_from_target_only"] = sum(
                             a != b for a, b in zip(reference, references[batch]))
                         details[f"real_random_draft_k{k}_bs{batch}"] = result
-                        continuations.write_text(json.dumps(
-                            [{"prompt_ids": p, "token_ids": t} for p, t in zip(prompt_ids, reference)]))
+                        write_continuations(continuations, prompt_ids, reference)
                         for alpha in ALPHAS:
                             ahead_before = ahead_counts(draft)
                             result = run_config(stub, prompts, batch, args.max_new_tokens, k, f"oracle-{alpha:g}")

@@ -51,7 +51,7 @@ import specdec  # noqa: E402,F401 - before grpc: it picks gRPC's poller (specdec
 import grpc  # noqa: E402
 
 from gpu_e2e import (LLAMA_1B, LLAMA_8B, TINY, prompts_text, run_config, write_model_dir,  # noqa: E402
-                     write_reduced_head_draft)
+                     write_continuations, write_reduced_head_draft)
 import mps  # noqa: E402
 from report import save_report  # noqa: E402
 from tiny_models import build_tokenizer  # noqa: E402
@@ -232,8 +232,7 @@ def main() -> None:
             with grpc.insecure_channel(gateway) as channel:
                 stub = gateway_pb2_grpc.GatewayStub(channel)
                 reference = run_config(stub, prompts, args.batch, args.max_new_tokens, 4, "plain")["token_ids"]
-                continuations.write_text(json.dumps(
-                    [{"prompt_ids": p, "token_ids": t} for p, t in zip(prompt_ids, reference)]))
+                write_continuations(continuations, prompt_ids, reference)
                 started = time.perf_counter_ns()
                 result = run_config(stub, prompts, args.batch, args.max_new_tokens, 4, "oracle-0.8")
                 windows["spec"] = (started, time.perf_counter_ns())

@@ -122,13 +122,11 @@ def install(module: str, recorder: Recorder) -> None:
     _patch(recorder, ModelRunner, "forward", "runner.forward")
     _patch_replays(recorder)
     if module == "target_service":
-        from engine.target_engine import TargetEngine
-
         import engine.target_engine
 
-        _patch(recorder, TargetEngine, "verify", "tgt.verify")
-        _patch(recorder, TargetEngine, "_process", "tgt.process")
-        _patch(recorder, engine.target_engine, "verify_greedy", "tgt.readback")
+        _patch(recorder, engine.target_engine.TargetEngine, "verify", "tgt.verify")
+        _patch(recorder, engine.target_engine.TargetEngine, "_process", "tgt.process")
+        _patch(recorder, engine.target_engine, "verify_greedy", "tgt.readback")  # a module function: its caller's name
     else:
         from engine.draft_loop import DraftLoop, _DeviceLoop
         from engine.model_drafter import ModelDrafter

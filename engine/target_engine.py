@@ -28,6 +28,9 @@ from engine.verification import Verification, verify_greedy
 from specdec.errors import InvalidRequestError
 
 
+REHEARSAL_DRAFT_TOKENS = 4  # the verify a rehearsal runs (engine/rehearsal.py): k = 4, the common case
+
+
 @dataclass(frozen=True)
 class TargetEngineConfig:
     """Jobs an iteration: the runner's max_batch_size (its largest graph bucket), not a second value."""
@@ -137,12 +140,12 @@ class TargetEngine:
         outcome = await self._loop.submit(_Job(seq, list(draft_ids), draft_probs))
         return outcome.verification, outcome.timing
 
-    def rehearse(self, num_draft_tokens: int = 4) -> None:
+    def rehearse(self) -> None:
         """A verify's host work on scratch objects (engine/rehearsal.py: its checks, its step, the graph
         inputs' host writes, the greedy verification of small CPU logits), to keep that code warm between
         steps; the engine's state is not touched."""
         if self._rehearsal is None:
-            rehearsal = Rehearsal(self.runner.kv.block_size, num_draft_tokens + 1, self.runner.max_model_len)
+            rehearsal = Rehearsal(self.runner.kv.block_size, REHEARSAL_DRAFT_TOKENS + 1, self.runner.max_model_len)
             seq = TargetSequence(list(range(rehearsal.context + 1)), rehearsal.kv, self.runner.max_model_len, 0)
             self._rehearsal = rehearsal, seq
         rehearsal, seq = self._rehearsal

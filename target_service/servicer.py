@@ -54,7 +54,7 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
         warm): a command parsed, the engine's rehearsal, an answer serialized."""
         request = target_pb2.TargetRequest.FromString(_REHEARSAL_REQUEST)
         draft_ids = list(request.verify.draft_ids)
-        self._engine.rehearse(len(draft_ids))
+        self._engine.rehearse()
         result = target_pb2.VerifyResult(num_accepted_draft_tokens=len(draft_ids), committed_ids=draft_ids)
         _response(StepTiming(0, 1), verify=result).SerializeToString()
 

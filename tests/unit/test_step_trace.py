@@ -1,7 +1,6 @@
 """bench/step_trace.py's batch timing: each batched forward is matched to the round trips it served."""
 from __future__ import annotations
 
-
 import pytest
 from harness import bench_module
 
