@@ -8,6 +8,8 @@ synthetic acceptance) and measures them in turn, round after round, each round i
 variants rotated, each first in as many rounds): batch-1 target-only, then speculation at alpha 0.8,
 k 4. `--variant SPEC` (two or more; the first is the baseline), SPEC = LABEL[:ITEM,ITEM,...], an item
   * `NAME=VALUE`: a variable for its four services (e.g. SPECDEC_PDL=1, SPECDEC_KEEP_WARM=1);
+  * `--FLAG=VALUE`: an argument for its target and draft services, after the common ones (e.g.
+    --max-batch-size=8: graphs and batching for up to 8 streams, where the common one is 1);
   * `mps`: its services share one GPU context through a CUDA MPS daemon of this run's own
     (bench/mps.py); the other variants' are kept off MPS;
   * `tree=DIR`: its services run from another checkout, so a code change is measured against its
@@ -66,6 +68,7 @@ class Variant:
     env: dict[str, str]
     mps: bool
     tree: Path | None
+    args: list[str] = field(default_factory=list)  # the model services' extra arguments
     target: str = ""  # addresses once started
     plain: str = ""
     gateway: str = ""
@@ -78,18 +81,20 @@ def parse_variant(spec: str) -> Variant:
     label, _, items = spec.partition(":")
     if not label.isidentifier():
         raise ValueError(f"variant {spec!r}: its label must be a name (letters, digits, _), got {label!r}")
-    env, mps_on, tree = {}, False, None
+    env, mps_on, tree, args = {}, False, None, []
     for item in filter(None, items.split(",")):
         name, sep, value = item.partition("=")
-        if item == "mps":
+        if item.startswith("--") and sep and len(name) > 2:
+            args += [name, value]
+        elif item == "mps":
             mps_on = True
         elif name == "tree" and sep:
             tree = Path(value)
-        elif sep and name:
+        elif sep and name.isidentifier():
             env[name] = value
         else:
-            raise ValueError(f"variant {spec!r}: {item!r} is not NAME=VALUE, mps or tree=DIR")
-    return Variant(label, env, mps_on, tree)
+            raise ValueError(f"variant {spec!r}: {item!r} is not NAME=VALUE, --FLAG=VALUE, mps or tree=DIR")
+    return Variant(label, env, mps_on, tree, args)
 
 
 def rotations(variants: list[Variant], rounds: int) -> Iterator[Variant]:
@@ -155,7 +160,7 @@ def main() -> None:
                 pin = ["--cpus", str(next(cpus))] if args.pin_services else []
                 return trio.spawn(f"{v.label}-{name}", module, [*service_args, *pin], env=envs[v.label], cwd=v.tree)
 
-            targets = {v.label: spawn(v, "target", "target_service", ["--model", target_model, *common]) for v in variants}
+            targets = {v.label: spawn(v, "target", "target_service", ["--model", target_model, *common, *v.args]) for v in variants}
             for v in variants:  # started side by side: the slow part (graph capture) overlaps
                 target = trio.wait_ready(targets[v.label], 900)
                 v.plain = trio.wait_ready(spawn(v, "gateway-plain", "gateway", ["--target", target, "--draft", "none",
@@ -169,7 +174,7 @@ def main() -> None:
                 write_continuations(continuations, prompt_ids, v.reference)
                 drafts[v.label] = spawn(v, "draft", "bench.oracle_draft", [
                     "--model", draft_model, "--continuations", str(continuations), "--alphas", "0.8",
-                    "--quantize", args.draft_quantize, *common])
+                    "--quantize", args.draft_quantize, *common, *v.args])
             for v in variants:
                 draft = trio.wait_ready(drafts[v.label], 900)
                 v.gateway = trio.wait_ready(spawn(v, "gateway", "gateway", ["--target", v.target, "--draft", draft,
@@ -180,7 +185,7 @@ def main() -> None:
                     spec = run_config(gateway_pb2_grpc.GatewayStub(gateway), prompts, 1, args.max_new_tokens, 4, "oracle-0.8")
                 v.rounds.append({"target_only": target_only, "spec": spec})
     save_report("gpu_ab", ab_metrics(variants), args.out,
-                variants={v.label: {"env": v.env, "mps": v.mps, "tree": str(v.tree) if v.tree else None} for v in variants},
+                variants={v.label: {"env": v.env, "args": v.args, "mps": v.mps, "tree": str(v.tree) if v.tree else None} for v in variants},
                 details={v.label: [{config: {k: x for k, x in result.items() if k != "token_ids"}
                                     for config, result in r.items()} for r in v.rounds] for v in variants},
                 note="spec: SYNTHETIC acceptance (oracle draft, alpha 0.8, k 4); random weights; batch 1; "
