@@ -55,6 +55,7 @@ import triton.language as tl
 from engine import pdl
 from engine.linear import dequantize_int8
 from engine.llama import silu_mul_interleaved
+from engine.triton_prefetch import LINE_BYTES, prefetch_lines, prefetch_strip
 
 BLOCK_M = 16  # rows per program: the smallest tensor-core tile
 SPLIT_K = 4  # K ranges of a narrow product of a long K (launch_config)
@@ -274,8 +275,15 @@ def _skinny_linear_kernel(
     USE_PDL: tl.constexpr,
     x_scale_ptr,
     A_INT8: tl.constexpr,
+    PREFETCH_LINES: tl.constexpr = 0,
+    LINE_ELEMS: tl.constexpr = 128,
 ):
     if USE_PDL:  # engine/pdl.py: wait for the previous kernel before any load or store
+        if PREFETCH_LINES > 0:  # but the strip's first weights (engine/triton_prefetch.py), which no kernel writes
+            cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+            k_first = tl.program_id(2) * k_per_split
+            prefetch_strip(w_ptr, cols, cols < N, k_first, tl.minimum(K, k_first + k_per_split), stride_wn,
+                           PREFETCH_LINES, LINE_ELEMS)
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
     product_tile(tl.program_id(0), tl.program_id(1), tl.program_id(2), tl.num_programs(1),
@@ -337,6 +345,7 @@ def skinny_linear(
         partials = torch.empty((config.split_k, m, n), dtype=torch.float32, device=x.device)
     else:
         counters = partials = x
+    options = pdl.launch_options(x.device)
     _skinny_linear_kernel[grid](
         x, weight, out,
         bias if bias is not None else x,
@@ -351,8 +360,10 @@ def skinny_linear(
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         # float32 models stay exact float32 (no TF32)
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
-        num_warps=config.num_warps, num_stages=config.num_stages, **pdl.launch_options(x.device),
+        num_warps=config.num_warps, num_stages=config.num_stages, **options,
         x_scale_ptr=x_scale if x_scale is not None else x, A_INT8=x_scale is not None,
+        PREFETCH_LINES=prefetch_lines(config.block_n, k_per_split, weight.element_size(), options["USE_PDL"]),
+        LINE_ELEMS=LINE_BYTES // weight.element_size(),
     )
     return out
 

@@ -24,6 +24,7 @@ from engine import pdl
 from engine.attention import write_kv
 from engine.llama import ModelShape, apply_rope
 from engine.triton_linear import LaunchConfig, launch_config, strip_product
+from engine.triton_prefetch import LINE_BYTES, prefetch_lines, prefetch_strip
 
 
 @triton.jit
@@ -190,9 +191,13 @@ def _qkv_rope_write_kv_kernel(
     NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, EVEN_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    USE_PDL: tl.constexpr, x_scale_ptr, A_INT8: tl.constexpr,
+    USE_PDL: tl.constexpr, x_scale_ptr, A_INT8: tl.constexpr, PREFETCH_LINES: tl.constexpr = 0,
+    LINE_ELEMS: tl.constexpr = 128,
 ):
     if USE_PDL:  # engine/pdl.py
+        if PREFETCH_LINES > 0:  # the strip's first weights before the wait (engine/triton_prefetch.py)
+            cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+            prefetch_strip(w_ptr, cols, cols >= 0, 0, K, stride_wn, PREFETCH_LINES, LINE_ELEMS)
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
     qkv_rope_strip(tl.program_id(0), tl.program_id(1), x_ptr, w_ptr, bias_ptr, scale_ptr, cos_ptr, sin_ptr, pos_ptr,
@@ -254,6 +259,7 @@ def qkv_rope_and_write_kv(
     q = torch.empty((num_tokens, heads, head_dim), dtype=dtype, device=x.device)
     if num_tokens == 0:
         return q
+    options = pdl.launch_options(x.device)
     _qkv_rope_write_kv_kernel[(triton.cdiv(num_tokens, config.block_m), n // config.block_n)](
         x, weight, bias if bias is not None else x, scale if scale is not None else x,
         cos, sin, positions, slot_mapping, q, k_cache, v_cache,
@@ -263,7 +269,9 @@ def qkv_rope_and_write_kv(
         HAS_BIAS=bias is not None, HAS_SCALE=scale is not None, EVEN_K=hidden % config.block_k == 0,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
-        num_warps=config.num_warps, num_stages=config.num_stages, **pdl.launch_options(x.device),
+        num_warps=config.num_warps, num_stages=config.num_stages, **options,
         x_scale_ptr=x_scale if x_scale is not None else x, A_INT8=x_scale is not None,
+        PREFETCH_LINES=prefetch_lines(config.block_n, hidden, weight.element_size(), options["USE_PDL"]),
+        LINE_ELEMS=LINE_BYTES // weight.element_size(),
     )
     return q

@@ -30,11 +30,27 @@ BF16 = "*bf16"
 
 def compile_sm90(kernel, pointers: dict[str, str], constexprs: dict) -> int:
     """PTX bytes of `kernel` with `pointers` (name -> Triton pointer type; other runtime args i32/fp32)."""
-    names = list(inspect.signature(kernel.fn).parameters)
+    return len(ptx_sm90(kernel, pointers, constexprs))
+
+
+def ptx_sm90(kernel, pointers: dict[str, str], constexprs: dict) -> str:
+    parameters = inspect.signature(kernel.fn).parameters
+    names = list(parameters)
+    constexprs = {n: p.default for n, p in parameters.items()  # those left out at their defaults, as a launch has them
+                  if "constexpr" in str(p.annotation) and p.default is not inspect.Parameter.empty} | constexprs
     signature = {n: "constexpr" if n in constexprs else pointers.get(n, "fp32" if n == "scale" else "i32")
                  for n in names}  # (attention's `scale` is its softmax scale)
     source = ASTSource(kernel, signature, constexprs={(names.index(n),): v for n, v in constexprs.items()})
-    return len(triton.compile(source, target=TARGET, options={"num_warps": 4, "num_stages": 3}).asm["ptx"])
+    return triton.compile(source, target=TARGET, options={"num_warps": 4, "num_stages": 3}).asm["ptx"]
+
+
+def prefetched_before_wait(ptx: str) -> int:
+    """How many L2 prefetches (engine/triton_prefetch.py) come before the PDL wait; none may come after."""
+    lines = ptx.splitlines()
+    wait = next(i for i, line in enumerate(lines) if "griddepcontrol.wait" in line)
+    prefetches = [i for i, line in enumerate(lines) if "prefetch.global.L2" in line]
+    assert prefetches and max(prefetches) < wait, f"prefetches at lines {prefetches}, the wait at {wait}"
+    return len(prefetches)
 
 
 def main() -> None:
@@ -51,6 +67,12 @@ def main() -> None:
             SPLIT_K=split, SILU_MUL=silu, HAS_BIAS=False, HAS_RESIDUAL=not silu, HAS_SCALE=True, EVEN_K=True,
             EVEN_N=True, BLOCK_M=16, BLOCK_N=32, BLOCK_K=256, DOT_PRECISION="tf32", USE_PDL=True, A_INT8=True))
         print(f"skinny_linear w8a8 split={split} silu_mul={silu}: {size}")
+        ptx = ptx_sm90(triton_linear._skinny_linear_kernel, w8a8, dict(
+            SPLIT_K=split, SILU_MUL=silu, HAS_BIAS=False, HAS_RESIDUAL=not silu, HAS_SCALE=True, EVEN_K=True,
+            EVEN_N=True, BLOCK_M=16, BLOCK_N=32, BLOCK_K=256, DOT_PRECISION="tf32", USE_PDL=True, A_INT8=True,
+            PREFETCH_LINES=16, LINE_ELEMS=128))
+        print(f"skinny_linear w8a8 split={split} silu_mul={silu} prefetching "
+              f"{prefetched_before_wait(ptx)} lines a thread: {len(ptx)}")
     size = compile_sm90(triton_linear._skinny_linear_kernel, linear, dict(  # a step of 17-128 rows (wide tiles)
         SPLIT_K=1, SILU_MUL=True, HAS_BIAS=False, HAS_RESIDUAL=False, HAS_SCALE=False, EVEN_K=True, EVEN_N=True,
         BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, DOT_PRECISION="tf32", USE_PDL=True, A_INT8=False))
@@ -74,6 +96,11 @@ def main() -> None:
             BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=256 if block_m == 16 else 128, DOT_PRECISION="tf32",
             USE_PDL=True, A_INT8=act_int8))
         print(f"qkv_rope_write_kv head_dim={head_dim} rows={block_m} int8={int8} act_int8={act_int8}: {size}")
+    ptx = ptx_sm90(triton_rope._qkv_rope_write_kv_kernel, fused | {"w_ptr": "*i8", "x_ptr": "*i8", "x_scale_ptr": "*fp32"},
+                   dict(NUM_HEADS=32, NUM_KV_HEADS=8, HEAD_DIM=64, HAS_BIAS=False, HAS_SCALE=True, EVEN_K=True,
+                        BLOCK_M=16, BLOCK_N=32, BLOCK_K=256, DOT_PRECISION="tf32", USE_PDL=True, A_INT8=True,
+                        PREFETCH_LINES=16, LINE_ELEMS=128))
+    print(f"qkv_rope_write_kv w8a8 prefetching {prefetched_before_wait(ptx)} lines a thread: {len(ptx)}")
     norm = {"x_ptr": BF16, "w_ptr": BF16, "out_ptr": BF16, "scale_ptr": "*fp32", "eps": "fp32"}
     print("rms_norm:", compile_sm90(triton_norm._rms_norm_kernel, norm, dict(BLOCK_K=2048, QUANTIZE=False,
                                                                              USE_PDL=True)))

@@ -100,16 +100,19 @@ def test_fused_kernels_give_a_token_the_same_logits_in_any_step(model_dirs):
         assert torch.equal(decoded, other), f"max |difference| {(decoded.float() - other.float()).abs().max()}"
 
 
-def test_programmatic_dependent_launch_gives_the_same_logits_as_plain_launches(model_dirs, monkeypatch):
+@pytest.mark.parametrize("quantize", ["none", "w8a8"])
+def test_programmatic_dependent_launch_gives_the_same_logits_as_plain_launches(model_dirs, monkeypatch, quantize):
     """engine/pdl.py: with PDL each fused kernel starts while the previous one runs and waits for it
-    at its first line; a missing wait would read a stale activation or KV entry and change bits."""
-    from engine import pdl
+    at its first line; a missing wait would read a stale activation or KV entry and change bits. With
+    the products' weights prefetched before that wait (engine/triton_prefetch.py) too."""
+    from engine import pdl, triton_prefetch
 
-    def steps_with(enabled: bool) -> list[torch.Tensor]:
+    def steps_with(enabled: bool, prefetch_kb: int = 0) -> list[torch.Tensor]:
         monkeypatch.setattr(pdl, "ENABLED", enabled)
+        monkeypatch.setattr(triton_prefetch, "PREFETCH_KB", prefetch_kb)
         assert pdl.launch_options(torch.device("cuda"))["USE_PDL"] == enabled  # Hopper: PDL is really on
         runner = ModelRunner(RuntimeConfig(model=str(model_dirs["target"]), device="cuda", dtype="bfloat16",
-                                           kv_cache_tokens=4096, layer_kernels="fused"))
+                                           kv_cache_tokens=4096, layer_kernels="fused", quantize=quantize))
         kvs = [runner.kv.new_sequence() for _ in range(3)]
         runner.forward([StepInput(kv, list(range(3, 3 + n)), 1) for kv, n in zip(kvs, (150, 20, 70))])
         out = []
@@ -120,8 +123,9 @@ def test_programmatic_dependent_launch_gives_the_same_logits_as_plain_launches(m
         assert runner.num_eager_steps == 0 and runner.graphs.num_prefill_replays == 3
         return out
 
-    plain, dependent = steps_with(False), steps_with(True)
+    plain, dependent, prefetching = steps_with(False), steps_with(True), steps_with(True, prefetch_kb=64)
     assert all(torch.equal(a, b) for a, b in zip(plain, dependent))
+    assert all(torch.equal(a, b) for a, b in zip(plain, prefetching))
 
 
 def test_prefill_chunks_replay_their_buckets_graph_and_longer_ones_run_eagerly(model_dirs, monkeypatch):

@@ -1,0 +1,43 @@
+"""L2 prefetch of a product's weights before its PDL wait, for the Triton products of graph steps.
+
+With programmatic dependent launch (engine/pdl.py) a kernel's programs are resident while its
+predecessor still runs, each waiting at its first line (`gdc_wait`) before it touches any activation.
+A product's weights are not written by any kernel of a step, so a program may ask for them before that
+wait: here it asks L2 for the first lines of its strip of W (`prefetch.global.L2`, one instruction a
+128-byte line), and its software pipeline then finds them there instead of in HBM while the predecessor
+drains. A hint only: no value is read into a register, so every result keeps its bits.
+
+`PREFETCH_KB` (SPECDEC_PREFETCH_KB): the bytes of W a program asks for, capped at its strip's own; 0 for
+none. Only where PDL is on (the draft service's default); on CPU (the interpreter knows no PTX) never.
+"""
+from __future__ import annotations
+
+import os
+
+import triton
+import triton.language as tl
+
+PREFETCH_KB = int(os.environ.get("SPECDEC_PREFETCH_KB", "0"))
+LINE_BYTES = 128  # what one prefetch asks L2 for
+
+
+@triton.jit
+def prefetch_strip(w_ptr, w_rows, row_ok, k_first, k_end, stride_wn, LINES: tl.constexpr, LINE_ELEMS: tl.constexpr):
+    """Asks L2 for the first LINES lines (LINE_ELEMS elements each) of W's rows `w_rows` from column
+    `k_first` on, none past `k_end` or of a row not `row_ok` (those ask for W's first line instead)."""
+    k = k_first + tl.arange(0, LINES) * LINE_ELEMS
+    ok = row_ok[:, None] & (k < k_end)[None, :]
+    lines = w_ptr + tl.where(ok, w_rows[:, None].to(tl.int64) * stride_wn + k[None, :], 0)
+    tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [lines],
+                              dtype=tl.int32, is_pure=False, pack=1)
+
+
+def prefetch_lines(block_n: int, k_range: int, element_size: int, use_pdl: bool) -> int:
+    """Lines of each W row a program of `block_n` rows and a K range of `k_range` elements asks for:
+    PREFETCH_KB's share a row, no more than the range holds, a power of two (0: no prefetch)."""
+    if not use_pdl or PREFETCH_KB <= 0:
+        return 0
+    share = PREFETCH_KB * 1024 // (block_n * LINE_BYTES)
+    held = triton.next_power_of_2(triton.cdiv(k_range * element_size, LINE_BYTES))
+    lines = min(share, held)
+    return 1 << (lines.bit_length() - 1) if lines >= 1 else 0
