@@ -60,6 +60,7 @@ import mps  # noqa: E402
 from distill.export import export_draft  # noqa: E402
 from engine.model_source import load_pretrained  # noqa: E402
 from engine.subset_head import SubsetLMHead  # noqa: E402
+from engine.triton_prefetch import PREFETCH_KB  # noqa: E402 - SPECDEC_PREFETCH_KB as the services read it
 from report import save_report  # noqa: E402
 from specdec.busy_poll import MODES as BUSY_POLL_MODES  # noqa: E402
 from specdec.client import collect  # noqa: E402
@@ -241,6 +242,7 @@ def main() -> None:
         idle_poll = "off" if args.idle_cpus_ab else args.idle_poll
         metrics["idle_poll"] = idle_poll
         metrics["draft_pdl"] = float(args.draft_pdl)
+        metrics["draft_prefetch_kb"] = PREFETCH_KB if args.draft_pdl else 0  # engine/triton_prefetch.py: with PDL only
         metrics["pinned_services"] = float(args.pin_services)
         metrics["mps"] = float(args.mps)
         if args.draft_head_rows:
