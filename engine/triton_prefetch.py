@@ -23,8 +23,18 @@ import os
 import triton
 import triton.language as tl
 
-PREFETCH_KB = int(os.environ.get("SPECDEC_PREFETCH_KB", "16"))
 LINE_BYTES = 128  # what one prefetch asks L2 for
+
+
+def from_env(default: int = 16) -> int:
+    """SPECDEC_PREFETCH_KB if set (a whole number of KB, 0 for none), else `default`."""
+    raw = os.environ.get("SPECDEC_PREFETCH_KB", str(default))
+    if not raw.strip().isdigit():
+        raise ValueError(f"SPECDEC_PREFETCH_KB must be a whole number of KB (0 for no prefetch), got {raw!r}")
+    return int(raw)
+
+
+PREFETCH_KB = from_env()
 
 
 @triton.jit

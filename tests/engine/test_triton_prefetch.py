@@ -37,3 +37,17 @@ def test_nothing_is_prefetched_when_off_without_pdl_or_with_less_than_a_line_a_r
     assert prefetch_lines(block_n=32, k_range=2048, element_size=1, use_pdl=False) == 0
     prefetch_kb(1)  # 1 KB over 128 rows: under a line each
     assert prefetch_lines(block_n=128, k_range=2048, element_size=2, use_pdl=True) == 0
+
+
+@pytest.mark.parametrize("raw", ["-1", "16k", "", "1.5"])
+def test_a_malformed_setting_is_refused_saying_what_it_takes(monkeypatch, raw):
+    monkeypatch.setenv("SPECDEC_PREFETCH_KB", raw)
+    with pytest.raises(ValueError, match="whole number of KB"):
+        triton_prefetch.from_env()
+
+
+def test_the_setting_reads_from_the_environment_with_16_kb_as_default(monkeypatch):
+    monkeypatch.delenv("SPECDEC_PREFETCH_KB", raising=False)
+    assert triton_prefetch.from_env() == 16
+    monkeypatch.setenv("SPECDEC_PREFETCH_KB", "0")
+    assert triton_prefetch.from_env() == 0
