@@ -10,8 +10,8 @@ drains. A hint only: no value is read into a register, so every result keeps its
 `PREFETCH_KB` (SPECDEC_PREFETCH_KB): the bytes of W a program asks for, capped at its strip's own; 0 for
 none. Only where PDL is on (the draft service's default); on CPU (the interpreter knows no PTX) never.
 16 KB (a W8A8 program's first pipeline stages): on the H200 the trio's k = 4 proposal (W8A8 1B draft,
-32k head) took 2.843 ms against 2.916 without, lower in each of three rotated rounds, and 64 KB 2.947 (more
-than the pipeline's first loads crowds L2 and the predecessor's stream); the target with PDL and 64 KB
+32k head) took 2.843 ms against 2.916 without, lower in each of three rotated rounds; 64 KB took 2.947
+(unexplained; perhaps more than the pipeline's first loads crowds the predecessor's stream); the target with PDL and 64 KB
 verified in 4.95 ms against 4.74 without either, so the target keeps PDL, and with it this, off
 (`python bench/gpu_ab.py --draft-quantize w8a8 --draft-head-rows 32768 --variant base:SPECDEC_PREFETCH_KB=0
 --variant pf16:SPECDEC_PREFETCH_KB=16 ...`, bench/results/gpu_ab_prefetch.json).
