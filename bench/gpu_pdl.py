@@ -5,7 +5,9 @@ Llama-3.2-1B (draft) shapes, bf16, prompt 512. (A third lever, the attention's c
 kernel, measured slower and was dropped: bench/results/gpu_fused_combine.json, docs/benchmarks.md.)
 
 For each shape and each setting (off, then on; the same process, the graphs captured afresh):
-the device time of a batch-1 decode replay (q = 1) and verify replay (q = 5), the wall time of a
+the device time of a batch-1 decode replay (q = 1) and verify replay (q = 5) back to back, and of one
+started on an idle device with its launch's host time (medians: a service's step starts so; does a
+graph of PDL edges launch slower?), the wall time of a
 k = 4 greedy proposal through the draft's captured loop (1B, host sync included), and whether the
 logits of a decode and a verify are the same bits either way (and their largest difference).
 Writes bench/results/gpu_LEVER.json.
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import statistics
 import sys
 from pathlib import Path
 
@@ -32,7 +35,7 @@ from engine.model_source import LoadedModel  # noqa: E402
 from gpu_e2e import LLAMA_1B, LLAMA_8B  # noqa: E402
 from gpu_target import wall_ms  # noqa: E402
 from report import save_report  # noqa: E402
-from timing import cuda_ms  # noqa: E402
+from timing import cuda_ms, idle_launch_ms  # noqa: E402
 from tiny_models import build_tokenizer  # noqa: E402
 
 PROMPT = 512
@@ -55,7 +58,10 @@ def measure(hf, name: str, layer_kernels: str) -> tuple[dict[str, float], list[t
         tokens = torch.randint(3, 30000, (q,), generator=gen).tolist()
         logits.append(runner.forward([StepInput(kv, tokens, q)])[0].clone())  # fills the bucket's buffers
         kv.truncate(PROMPT)
-        metrics[f"replay_ms_q{q}"] = cuda_ms(runner.graphs._graphs[(1, q)].graph.replay, 100)
+        replay = runner.graphs._graphs[(1, q)].graph.replay
+        metrics[f"replay_ms_q{q}"] = cuda_ms(replay, 100)
+        # started on an idle device, as a service's step is: the launch's host time, and the call to the end
+        metrics[f"launch_host_ms_q{q}"], metrics[f"idle_replay_ms_q{q}"] = idle_launch_ms(replay, 100, statistics.median)
     if name == "1b":
         loop = DraftLoop(runner, LoopConfig(batch_buckets=(1,), max_steps=4, first_query_buckets=(1,)))
 
