@@ -8,6 +8,8 @@ draft's captured loop at batch 1 and 8 (host sync included). The levers:
             `w8a8` every product int8 with int8 activations (--quantize w8a8)
   * 32k     an LM head of 32 768 vocabulary rows (engine/subset_head.py, as distilled drafts keep)
   * pdl     programmatic dependent launch (engine/pdl.py)
+  * pfN     with pdl, each product's program asks L2 for N KB of its weights before its wait
+            (engine/triton_prefetch.py; none unless named: `pf0` and `pf16` A/B it)
   * splitN  narrow products of a long K split in N K ranges (engine/triton_linear.SPLIT_K; `split1`
             or none: not split); `mink2048`: every narrow product (SPLIT_K_MIN_K), not only the
             down projections
@@ -52,7 +54,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "bench"), str(ROOT / "tests")]
 
 from engine import model_runner  # noqa: E402
-from engine import draft_loop, fused_stages, pdl, triton_attention, triton_draft_step, triton_layer, triton_linear  # noqa: E402
+from engine import (draft_loop, fused_stages, pdl, triton_attention, triton_draft_step, triton_layer,  # noqa: E402
+                    triton_linear, triton_prefetch)
 from engine.batch import StepInput  # noqa: E402
 from engine.cuda_graphs import GraphConfig  # noqa: E402
 from engine.model_runner import ModelRunner, RuntimeConfig  # noqa: E402
@@ -82,6 +85,7 @@ def settings(name: str) -> dict:
         "min_int8_out": 0 if parts[0] == "int8all" else MIN_INT8_OUT,
         "head_rows": HEAD_ROWS if "32k" in parts else None,
         "pdl": "pdl" in parts,
+        "prefetch_kb": next((int(p.removeprefix("pf")) for p in parts if p.startswith("pf") and p[2:].isdigit()), 0),
         "split_k": split,
         "split_k_min_k": 2048 if "mink2048" in parts else 8192,
         "qkv_rope": "qkvrope" in parts,
@@ -104,6 +108,7 @@ def settings(name: str) -> dict:
 
 def build(hf, setting: dict) -> ModelRunner:
     pdl.ENABLED = setting["pdl"]
+    triton_prefetch.PREFETCH_KB = setting["prefetch_kb"]  # read at each launch, so at capture
     fused_stages.QKV_ROPE = setting["qkv_rope"]
     triton_linear.SPLIT_K, triton_linear.SPLIT_K_MIN_K = setting["split_k"], setting["split_k_min_k"]
     model_runner.CUDA_MIN_INT8_OUT_FEATURES = setting["min_int8_out"]

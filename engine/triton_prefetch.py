@@ -14,7 +14,12 @@ none. Only where PDL is on (the draft service's default); on CPU (the interprete
 (unexplained; perhaps more than the pipeline's first loads crowds the predecessor's stream); the target with PDL and 64 KB
 verified in 4.95 ms against 4.74 without either, so the target keeps PDL, and with it this, off
 (`python bench/gpu_ab.py --draft-quantize w8a8 --draft-head-rows 32768 --variant base:SPECDEC_PREFETCH_KB=0
---variant pf16:SPECDEC_PREFETCH_KB=16 ...`, bench/results/gpu_ab_prefetch.json).
+--variant pf16:SPECDEC_PREFETCH_KB=16 ...`, bench/results/gpu_ab_prefetch.json). Earlier trials of early work
+lost at the graph replay (docs/benchmarks.md: a bf16 draft's linears prefetching 4 KB of each weight row,
+the whole of most strips, 0.995 -> 1.198 ms a decode replay; a tile of W loaded before the wait; attention's
+first keys): loads issued beside the predecessor slowed it more than they shortened the dependent. A small
+share (here a quarter of a W8A8 qkv strip) is what gained; `python bench/gpu_draft_forward.py --variants
+w8a8_32k_pdl_split4_qkvrope_pf0 w8a8_32k_pdl_split4_qkvrope_pf16 ...` is to confirm it at the replay.
 """
 from __future__ import annotations
 
