@@ -55,7 +55,7 @@ import triton.language as tl
 from engine import pdl
 from engine.linear import dequantize_int8
 from engine.llama import silu_mul_interleaved
-from engine.triton_prefetch import LINE_BYTES, prefetch_lines, prefetch_strip
+from engine.triton_prefetch import prefetch_options, prefetch_strip
 
 BLOCK_M = 16  # rows per program: the smallest tensor-core tile
 SPLIT_K = 4  # K ranges of a narrow product of a long K (launch_config)
@@ -362,8 +362,7 @@ def skinny_linear(
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
         num_warps=config.num_warps, num_stages=config.num_stages, **options,
         x_scale_ptr=x_scale if x_scale is not None else x, A_INT8=x_scale is not None,
-        PREFETCH_LINES=prefetch_lines(config.block_n, k_per_split, weight.element_size(), options["USE_PDL"]),
-        LINE_ELEMS=LINE_BYTES // weight.element_size(),
+        **prefetch_options(config.block_n, k_per_split, weight.element_size(), options["USE_PDL"]),
     )
     return out
 

@@ -62,3 +62,9 @@ def prefetch_lines(block_n: int, k_range: int, element_size: int, use_pdl: bool)
     held = triton.next_power_of_2(triton.cdiv(k_range * element_size, LINE_BYTES))
     lines = min(share, held)
     return 1 << (lines.bit_length() - 1) if lines >= 1 else 0
+
+
+def prefetch_options(block_n: int, k_range: int, weight_element_size: int, use_pdl: bool) -> dict[str, int]:
+    """A product kernel's prefetch arguments (PREFETCH_LINES, LINE_ELEMS) for its launch."""
+    return {"PREFETCH_LINES": prefetch_lines(block_n, k_range, weight_element_size, use_pdl),
+            "LINE_ELEMS": LINE_BYTES // weight_element_size}

@@ -24,7 +24,7 @@ from engine import pdl
 from engine.attention import write_kv
 from engine.llama import ModelShape, apply_rope
 from engine.triton_linear import LaunchConfig, launch_config, strip_product
-from engine.triton_prefetch import LINE_BYTES, prefetch_lines, prefetch_strip
+from engine.triton_prefetch import prefetch_options, prefetch_strip
 
 
 @triton.jit
@@ -271,7 +271,6 @@ def qkv_rope_and_write_kv(
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
         num_warps=config.num_warps, num_stages=config.num_stages, **options,
         x_scale_ptr=x_scale if x_scale is not None else x, A_INT8=x_scale is not None,
-        PREFETCH_LINES=prefetch_lines(config.block_n, hidden, weight.element_size(), options["USE_PDL"]),
-        LINE_ELEMS=LINE_BYTES // weight.element_size(),
+        **prefetch_options(config.block_n, hidden, weight.element_size(), options["USE_PDL"]),
     )
     return q
