@@ -24,6 +24,9 @@ from specdec.errors import UnsupportedModelError
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 
+# compile-cache entries a compiled stage may hold in one process: ~32 model configurations
+COMPILED_ENTRIES = 64
+
 AttentionFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, ForwardBatch, float], torch.Tensor]
 
 
@@ -114,7 +117,11 @@ class LayerStages:
     fused_kernels = False  # engine.fused_stages.FusedStages: True
 
     def compiled(self) -> LayerStages:
-        # dynamic: one graph serves every token count (bucket sizes and prefill chunks)
+        # dynamic: one graph serves every token count (bucket sizes and prefill chunks). Every model of
+        # the process shares the two functions' compile caches, and each model configuration (shape,
+        # linear kind, dtype) adds about two entries (one token, and any count): past dynamo's default
+        # limit of 8 a fifth model, a draft service's named drafts or live swaps, would fail to compile.
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, COMPILED_ENTRIES)
         return LayerStages(torch.compile(pre_attention, dynamic=True, fullgraph=True),
                            torch.compile(post_attention, dynamic=True, fullgraph=True))
 
