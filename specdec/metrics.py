@@ -13,7 +13,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from wsgiref.simple_server import WSGIServer
 
-from prometheus_client import CollectorRegistry, Histogram, start_http_server
+from prometheus_client import (GC_COLLECTOR, PLATFORM_COLLECTOR, PROCESS_COLLECTOR, CollectorRegistry, Histogram,
+                               start_http_server)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
 from prometheus_client.registry import Collector
 
@@ -142,7 +143,10 @@ class MetricsServer:
 
 
 def start_metrics_server(registry: CollectorRegistry, host: str, port: int) -> MetricsServer:
-    """Serves `registry`; port 0 picks a free port (see `.port`)."""
+    """Serves `registry`, with the process's own figures (CPU, memory, file descriptors, Python's garbage
+    collections: prometheus_client's standard collectors); port 0 picks a free port (see `.port`)."""
+    for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
+        registry.register(collector)
     httpd, thread = start_http_server(port, addr=host, registry=registry)
     server = MetricsServer(httpd, thread)
     log.info("metrics on http://%s:%d/metrics", host, server.port)

@@ -174,3 +174,14 @@ def test_malformed_request_id_is_rejected(observed_stub):
         list(observed_stub.Generate(request, metadata=[(REQUEST_ID_KEY, "has spaces")], timeout=30))
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert REQUEST_ID_KEY in e.value.details()
+
+
+def test_every_service_exports_its_process_and_garbage_collector_figures(observed_gateway, observed_target,
+                                                                         observed_draft, observed_stub, scrape):
+    _run_requests(observed_stub)
+    for service in (observed_gateway, observed_target, observed_draft):
+        result = scrape(service.metrics_port)
+        assert result.value("process_resident_memory_bytes") > 0 and result.value("process_open_fds") > 0
+        assert result.value("python_gc_collections_total", generation="0") > 0
+        (info,) = result.labelled("python_info")
+        assert info["implementation"] == "CPython"
