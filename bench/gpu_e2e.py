@@ -6,7 +6,8 @@ Random-weight Llama-3.1-8B-shape target and Llama-3.2-1B-shape draft, bf16, driv
   * spec at alpha x k: SYNTHETIC ACCEPTANCE (bench/oracle_draft.py): the draft runs its real
     forwards, then its proposals are replaced by the target's known greedy continuation at rate
     alpha - random weights would accept nothing;
-  * hf_static: HF transformers generate() with its static cache (auto-compiled), same shapes.
+  * hf_static: HF transformers generate() with its static cache (auto-compiled), same shapes; the
+    fastest of HF_RUNS timed calls after a warm-up (each in `details`).
 Writes bench/results/gpu_e2e.json. `--tiny` runs the same flow with tiny models on the CPU (a check
 of the script, no meaningful numbers). `--draft-ahead` has the draft draft ahead while the target
 verifies (engine/model_drafter.py; the oracle also replaces the chain's guess of the target's
@@ -162,7 +163,11 @@ def run_config(stub, prompts: list[str], batch: int, max_new: int, k: int, draft
     }
 
 
-def hf_static_tok_s(shape: dict, prompts_ids: list[list[int]], batch: int, max_new: int, device: str) -> float:
+HF_RUNS = 3  # timed generate() calls after the warm-up; HF's figure is the fastest (the ratios to it the least)
+
+
+def hf_static_tok_s(shape: dict, prompts_ids: list[list[int]], batch: int, max_new: int, device: str) -> list[float]:
+    """tok/s of each of HF_RUNS timed generate() calls, after one that compiles and warms up."""
     torch.manual_seed(0)
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(LlamaConfig(**shape), dtype=torch.bfloat16).eval()
@@ -170,15 +175,17 @@ def hf_static_tok_s(shape: dict, prompts_ids: list[list[int]], batch: int, max_n
     ids = torch.tensor([p[:length] for p in prompts_ids[:batch]], device=device)
     gen = dict(do_sample=False, cache_implementation="static", min_new_tokens=max_new, max_new_tokens=max_new)
     model.generate(ids, **gen)  # compile + warm-up
-    if device == "cuda":
-        torch.cuda.synchronize()
-    started = time.perf_counter()
-    model.generate(ids, **gen)
-    if device == "cuda":
-        torch.cuda.synchronize()
-    tok_s = batch * max_new / (time.perf_counter() - started)
+    runs = []
+    for _ in range(HF_RUNS):
+        if device == "cuda":
+            torch.cuda.synchronize()
+        started = time.perf_counter()
+        model.generate(ids, **gen)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        runs.append(batch * max_new / (time.perf_counter() - started))
     del model
-    return tok_s
+    return runs
 
 
 def main() -> None:
@@ -361,8 +368,9 @@ def main() -> None:
     write_report(args.out, metrics, details)  # HF's compile takes minutes: keep what we have
     if not args.skip_hf:
         for batch in batches:
-            metrics[f"hf_static_tok_s_bs{batch}"] = hf_static_tok_s(target_shape, prompt_ids, batch,
-                                                                     args.max_new_tokens, device)
+            runs = hf_static_tok_s(target_shape, prompt_ids, batch, args.max_new_tokens, device)
+            metrics[f"hf_static_tok_s_bs{batch}"] = max(runs)
+            details[f"hf_static_bs{batch}"] = {"tok_s_runs": runs}
         metrics["hf_static_tok_s"] = metrics["hf_static_tok_s_bs1"]
         metrics["spec_over_hf_static_alpha0.8_k4_bs1"] = metrics["spec_tok_s_alpha0.8_k4"] / metrics["hf_static_tok_s"]
         write_report(args.out, metrics, details)

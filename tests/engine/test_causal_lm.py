@@ -9,8 +9,8 @@ from transformers import AutoModelForCausalLM
 
 from engine import fused_stages, triton_rope
 from engine.batch import StepInput
-from engine.llama import LayerStages, ModelShape, pre_attention
 from engine.linear import CpuLinear, Int8Linear, dequantize_int8, quantize_rows_reference
+from engine.llama import LayerStages, ModelShape, pre_attention
 from engine.model_runner import ModelRunner, RuntimeConfig
 from engine.model_source import LoadedModel
 from tiny_models import build_model_dir, build_reduced_head_draft
@@ -157,9 +157,9 @@ def test_a_w8a8_draft_through_the_fused_kernels_computes_the_logits_of_its_int8_
 def test_compiled_stages_serve_more_model_shapes_than_dynamos_default_limit_in_one_process():
     """A draft service holds several drafts and swaps them live: each model shape adds its own entries
     to the compiled stages' one cache (torch.compile, real inductor on CPU), past dynamo's default 8."""
-    stages = LayerStages().compiled()
+    stages, head_dim = LayerStages().compiled(), 8
     for heads in range(2, 12):  # ten shapes, each a compile of its own
-        shape, head_dim = ModelShape(num_layers=1, num_heads=heads, num_kv_heads=1, head_dim=8, vocab_size=10), 8
+        shape = ModelShape(num_layers=1, num_heads=heads, num_kv_heads=1, head_dim=head_dim, vocab_size=10)
         qkv = torch.nn.Linear(heads * head_dim, (heads + 2) * head_dim, bias=False)
         hidden, cos, sin = torch.randn(3, heads * head_dim), torch.randn(3, head_dim), torch.randn(3, head_dim)
         q, k, v = stages.pre_attention(hidden, torch.ones(heads * head_dim), qkv, cos, sin, shape, 1e-5)
