@@ -12,6 +12,9 @@ k 4. `--variant SPEC` (two or more; the first is the baseline), SPEC = LABEL[:IT
     --max-batch-size=8: graphs and batching for up to 8 streams, where the common one is 1);
   * `mps`: its services share one GPU context through a CUDA MPS daemon of this run's own
     (bench/mps.py); the other variants' are kept off MPS;
+  * `streams=N`: before the rounds, its trio serves N concurrent streams once, target-only then
+    speculative (as gpu_e2e.py's batch-8 runs do before the next batch-1 figures of a later run): whether
+    having served several streams leaves a service slower for the lone stream after;
   * `tree=DIR`: its services run from another checkout, so a code change is measured against its
     parent: `git worktree add .ab/base COMMIT && rm -rf .ab/base/drafts` (.ab/ is git-ignored; on the
     device machine name it in the run's `carry`, where its 43 MB of shipped draft weights would not fit).
@@ -69,6 +72,7 @@ class Variant:
     mps: bool
     tree: Path | None
     args: list[str] = field(default_factory=list)  # the model services' extra arguments
+    streams: int = 0  # concurrent streams served once before the rounds (0: none)
     target: str = ""  # addresses once started
     plain: str = ""
     gateway: str = ""
@@ -81,7 +85,7 @@ def parse_variant(spec: str) -> Variant:
     label, _, items = spec.partition(":")
     if not label.isidentifier():
         raise ValueError(f"variant {spec!r}: its label must be a name (letters, digits, _), got {label!r}")
-    env, mps_on, tree, args = {}, False, None, []
+    env, mps_on, tree, args, streams = {}, False, None, [], 0
     for item in filter(None, items.split(",")):
         name, sep, value = item.partition("=")
         if item.startswith("--") and sep and len(name) > 2:
@@ -90,11 +94,15 @@ def parse_variant(spec: str) -> Variant:
             mps_on = True
         elif name == "tree" and sep:
             tree = Path(value)
+        elif name == "streams" and sep:
+            if not (value.isdigit() and int(value) > 0):
+                raise ValueError(f"variant {spec!r}: streams=N needs a whole number of streams, got {value!r}")
+            streams = int(value)
         elif sep and name.isidentifier():
             env[name] = value
         else:
-            raise ValueError(f"variant {spec!r}: {item!r} is not NAME=VALUE, --FLAG=VALUE, mps or tree=DIR")
-    return Variant(label, env, mps_on, tree, args)
+            raise ValueError(f"variant {spec!r}: {item!r} is not NAME=VALUE, --FLAG=VALUE, mps, streams=N or tree=DIR")
+    return Variant(label, env, mps_on, tree, args, streams)
 
 
 def rotations(variants: list[Variant], rounds: int) -> Iterator[Variant]:
@@ -109,7 +117,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tiny", action="store_true", help="tiny models on the CPU: checks the script only")
     parser.add_argument("--variant", action="append", default=[], metavar="LABEL[:ITEM,...]",
-                        help="a variant (two or more, the first the baseline); items NAME=VALUE, mps, tree=DIR")
+                        help="a variant (two or more, the first the baseline); items NAME=VALUE, --FLAG=VALUE, mps, streams=N, tree=DIR")
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--prompt-tokens", type=int, default=128)
     parser.add_argument("--max-new-tokens", type=int, default=128)
@@ -179,13 +187,18 @@ def main() -> None:
                 draft = trio.wait_ready(drafts[v.label], 900)
                 v.gateway = trio.wait_ready(spawn(v, "gateway", "gateway", ["--target", v.target, "--draft", draft,
                                                                             "--log-level", "WARNING"]), 60)
+                if v.streams:  # served once, not measured (module doc)
+                    with grpc.insecure_channel(v.plain) as plain, grpc.insecure_channel(v.gateway) as gateway:
+                        run_config(gateway_pb2_grpc.GatewayStub(plain), prompts, v.streams, args.max_new_tokens, 0)
+                        run_config(gateway_pb2_grpc.GatewayStub(gateway), prompts, v.streams, args.max_new_tokens, 4,
+                                   "oracle-0.8")
             for v in rotations(variants, args.rounds):
                 with grpc.insecure_channel(v.plain) as plain, grpc.insecure_channel(v.gateway) as gateway:
                     target_only = run_config(gateway_pb2_grpc.GatewayStub(plain), prompts, 1, args.max_new_tokens, 0)
                     spec = run_config(gateway_pb2_grpc.GatewayStub(gateway), prompts, 1, args.max_new_tokens, 4, "oracle-0.8")
                 v.rounds.append({"target_only": target_only, "spec": spec})
     save_report("gpu_ab", ab_metrics(variants), args.out,
-                variants={v.label: {"env": v.env, "args": v.args, "mps": v.mps, "tree": str(v.tree) if v.tree else None} for v in variants},
+                variants={v.label: {"env": v.env, "args": v.args, "mps": v.mps, "streams": v.streams, "tree": str(v.tree) if v.tree else None} for v in variants},
                 details={v.label: [{config: {k: x for k, x in result.items() if k != "token_ids"}
                                     for config, result in r.items()} for r in v.rounds] for v in variants},
                 note="spec: SYNTHETIC acceptance (oracle draft, alpha 0.8, k 4); random weights; batch 1; "

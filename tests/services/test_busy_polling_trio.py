@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import openai
 import pytest
@@ -131,4 +132,14 @@ def test_a_cancelled_stream_lets_go_of_every_poll(polling_trio):
         stream = gateway_pb2_grpc.GatewayStub(c).Generate(request, timeout=60)
         next(stream)
         stream.cancel()
+    assert _wait_released(polling_trio) == {"gateway": 0, "target": 0, "draft": 0}
+
+
+def test_eight_concurrent_streams_let_go_of_every_poll_when_they_end(polling_trio):
+    """A poll held past its stream keeps a service from polling for the lone streams that follow."""
+    requests = [gateway_pb2.GenerateRequest(prompt=f"Story {i}:", max_new_tokens=16, num_draft_tokens=3,
+                                            ignore_eos=True) for i in range(8)]
+    with channel(polling_trio["gateway"].port) as c, ThreadPoolExecutor(8) as pool:
+        stub = gateway_pb2_grpc.GatewayStub(c)
+        list(pool.map(lambda r: list(stub.Generate(r, timeout=120)), requests))
     assert _wait_released(polling_trio) == {"gateway": 0, "target": 0, "draft": 0}
