@@ -24,7 +24,8 @@ Metrics per variant label (medians over the rounds): `LABEL_target_only_tok_s`,
 `LABEL_rpc_overhead_fraction`; `LABEL_over_BASE_*` each one's ratio to the baseline's; every round's
 figures in the details. Each variant's speculative output is checked equal to its own reference, and
 each target-only output against the baseline's (`LABEL_target_only_differs_from_base`: 0 for changes
-that keep the bits). `--tiny` runs it with tiny models on the CPU (checks the script; no meaningful numbers).
+that keep the bits). The report is written again after every round all variants completed, so a run
+stopped by its timeout keeps the rounds done. `--tiny` runs it with tiny models on the CPU (checks the script; no meaningful numbers).
 Usage: python bench/gpu_ab.py --variant base --variant warm:SPECDEC_KEEP_WARM=1 [--variant mps:mps ...]
                               [--tiny] [--rounds 4] [--draft-quantize none|int8|w8a8] [--draft-head-rows N]
                               [--pin-services] [--max-new-tokens N] [--num-prompts N] [--out PATH]
@@ -197,8 +198,15 @@ def main() -> None:
                     target_only = run_config(gateway_pb2_grpc.GatewayStub(plain), prompts, 1, args.max_new_tokens, 0)
                     spec = run_config(gateway_pb2_grpc.GatewayStub(gateway), prompts, 1, args.max_new_tokens, 4, "oracle-0.8")
                 v.rounds.append({"target_only": target_only, "spec": spec})
-    save_report("gpu_ab", ab_metrics(variants), args.out,
-                variants={v.label: {"env": v.env, "args": v.args, "mps": v.mps, "streams": v.streams, "tree": str(v.tree) if v.tree else None} for v in variants},
+                if len({len(u.rounds) for u in variants}) == 1:  # a round complete: a timeout keeps it
+                    save(variants, args.out)
+
+
+def save(variants: list[Variant], out: Path) -> None:
+    """The report of the rounds every variant has completed so far."""
+    save_report("gpu_ab", ab_metrics(variants), out,
+                variants={v.label: {"env": v.env, "args": v.args, "mps": v.mps, "streams": v.streams,
+                                    "tree": str(v.tree) if v.tree else None} for v in variants},
                 details={v.label: [{config: {k: x for k, x in result.items() if k != "token_ids"}
                                     for config, result in r.items()} for r in v.rounds] for v in variants},
                 note="spec: SYNTHETIC acceptance (oracle draft, alpha 0.8, k 4); random weights; batch 1; "
