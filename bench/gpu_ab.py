@@ -13,8 +13,8 @@ k 4. `--variant SPEC` (two or more; the first is the baseline), SPEC = LABEL[:IT
   * `mps`: its services share one GPU context through a CUDA MPS daemon of this run's own
     (bench/mps.py); the other variants' are kept off MPS;
   * `streams=N`: before the rounds, its trio serves N concurrent streams once, target-only then
-    speculative (as gpu_e2e.py's batch-8 runs do before the next batch-1 figures of a later run): whether
-    having served several streams leaves a service slower for the lone stream after;
+    speculative (in gpu_e2e.py the target serves 8 target-only streams before the batch-1 speculative
+    figures): whether having served several streams leaves a service slower for a lone stream after;
   * `tree=DIR`: its services run from another checkout, so a code change is measured against its
     parent: `git worktree add .ab/base COMMIT && rm -rf .ab/base/drafts` (.ab/ is git-ignored; on the
     device machine name it in the run's `carry`, where its 43 MB of shipped draft weights would not fit).
