@@ -39,11 +39,7 @@ def main(argv: list[str] | None = None) -> None:
     setup_logging(args.log_level, args.log_format)
     quantize = args.quantize or ("int8" if args.device == "cpu" else "none")
     pdl.ENABLED = pdl.from_env(default=True)  # a draft's chains of small kernels gain (engine/pdl.py)
-    try:
-        config = replace(runtime_config(args), quantize=quantize)
-    except ValueError as e:  # a combination of flags the runtime refuses
-        parser.error(str(e))
-    run(args, config)
+    run(args, replace(runtime_config(args), quantize=quantize))
 
 
 if __name__ == "__main__":

@@ -12,9 +12,6 @@ Per layer, seven kernels around attention instead of a dozen:
   hidden  += skinny_linear(silu_mul(skinny_linear(x)))  (gate/up with the activation fused, then
                                                          down_proj with the residual fused)
 
-(with the norms' weights folded into the products after them, --fold-norms: CausalLM.fold_norms, those
-products norm the rows they read themselves, and the two norm kernels go)
-
 and the LM head as two more (final norm, product; a draft's reduced head, engine/subset_head.py,
 its rows' product placed into the vocabulary). A draft's int8 linears (--quantize int8,
 engine/linear.Int8Linear) go through the same kernels, which read their int8 rows; with int8
@@ -90,22 +87,21 @@ class FusedStages(LayerStages):
                          k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> torch.Tensor:
         if not self._is_fused_step(hidden):
             return super().attention_inputs(layer, hidden, rotary, k_cache, v_cache, slot_mapping)
-        x, x_scale, rms_eps = self._normed(hidden, layer.input_norm, layer.eps, layer.qkv, layer.norms_folded)
+        x, x_scale = self._normed(hidden, layer.input_norm, layer.eps, layer.qkv)
         weight, scale = weight_and_scale(layer.qkv)
         tables = (rotary.cos_table, rotary.sin_table, rotary.positions)  # the kernels read the rows themselves
         if QKV_ROPE and qkv_rope_block_n(weight, layer.shape, scale is not None, x_scale is not None) is not None:
             return qkv_rope_and_write_kv(x, weight, layer.qkv.bias, *tables, k_cache, v_cache, slot_mapping,
-                                         layer.shape, scale=scale, x_scale=x_scale, rms_eps=rms_eps)
-        qkv = self._product(x, layer.qkv, x_scale=x_scale, out_dtype=hidden.dtype, rms_eps=rms_eps)
+                                         layer.shape, scale=scale, x_scale=x_scale)
+        qkv = self._product(x, layer.qkv, x_scale=x_scale, out_dtype=hidden.dtype)
         return rope_and_write_kv(qkv, *tables, k_cache, v_cache, slot_mapping, layer.shape)
 
     def attention_output(self, layer: DecoderLayer, hidden: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
         if not self._is_fused_step(hidden):
             return super().attention_output(layer, hidden, attn)
         hidden = self._product(attn.flatten(1), layer.o_proj, residual=hidden)
-        x, x_scale, rms_eps = self._normed(hidden, layer.post_attention_norm, layer.eps, layer.gate_up,
-                                           layer.norms_folded)
-        act = self._product(x, layer.gate_up, x_scale=x_scale, silu_mul=True, out_dtype=hidden.dtype, rms_eps=rms_eps)
+        x, x_scale = self._normed(hidden, layer.post_attention_norm, layer.eps, layer.gate_up)
+        act = self._product(x, layer.gate_up, x_scale=x_scale, silu_mul=True, out_dtype=hidden.dtype)
         return self._product(act, layer.down_proj, residual=hidden)
 
     def logits(self, model: CausalLM, hidden: torch.Tensor) -> torch.Tensor:
@@ -113,7 +109,7 @@ class FusedStages(LayerStages):
             return super().logits(model, hidden)
         head = model.lm_head
         linear = head.rows if isinstance(head, SubsetLMHead) else head
-        x, x_scale, _ = self._normed(hidden, model.norm, model.eps, linear)
+        x, x_scale = self._normed(hidden, model.norm, model.eps, linear)
         logits = self._product(x, linear, x_scale=x_scale, out_dtype=hidden.dtype).float()
         # a draft's reduced head: its rows' product, -inf elsewhere
         return head.to_vocab(logits) if isinstance(head, SubsetLMHead) else logits
@@ -124,7 +120,7 @@ class FusedStages(LayerStages):
             return super().greedy_ids(model, hidden)
         # the argmax of the product's own dtype: widening to float32 is exact and keeps the order (and
         # the first of tied rows), so the pick is the same without one more kernel a forward
-        x, x_scale, _ = self._normed(hidden, model.norm, model.eps, head.rows)
+        x, x_scale = self._normed(hidden, model.norm, model.eps, head.rows)
         return head.greedy_ids(self._product(x, head.rows, x_scale=x_scale, out_dtype=hidden.dtype))
 
     def _is_fused_step(self, hidden: torch.Tensor) -> bool:
@@ -133,16 +129,12 @@ class FusedStages(LayerStages):
         return torch.cuda.is_current_stream_capturing() and (self.max_rows is None or hidden.shape[0] <= self.max_rows)
 
     @staticmethod
-    def _normed(hidden: torch.Tensor, weight: torch.Tensor, eps: float, linear: nn.Module,
-                folded: bool = False) -> tuple[torch.Tensor, torch.Tensor | None, float | None]:
-        """`linear`'s input for the normed rows: int8 and their scales where it takes int8 activations;
-        where the norm's weight is folded into it (CausalLM.fold_norms), the rows themselves and the eps
-        its product norms them with (no kernel here)."""
+    def _normed(hidden: torch.Tensor, weight: torch.Tensor, eps: float,
+                linear: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The normed rows for `linear`'s product: int8 and their scales where it takes int8 activations."""
         if int8_activations(linear):
-            return *rms_norm_triton(hidden, weight, eps, quantize=True), None
-        if folded:
-            return hidden, None, eps
-        return rms_norm_triton(hidden, weight, eps), None, None
+            return rms_norm_triton(hidden, weight, eps, quantize=True)
+        return rms_norm_triton(hidden, weight, eps), None
 
     def _product(self, x: torch.Tensor, linear: nn.Module, x_scale: torch.Tensor | None = None,
                  **epilogue: object) -> torch.Tensor:

@@ -169,17 +169,6 @@ class DecoderLayer(nn.Module):
         self.down_proj = mlp.down_proj
         self.input_norm = hf_layer.input_layernorm.weight
         self.post_attention_norm = hf_layer.post_attention_layernorm.weight
-        self.norms_folded = False  # fold_norms
-
-    @torch.no_grad()
-    def fold_norms(self) -> None:
-        """Each norm's weight into the product after it: W[n, k] * g[k] (rounded once to W's dtype; qkv and
-        gate_up are this layer's own tensors), the norm left weightless (ones, HF's parameter untouched)."""
-        for name, linear in (("input_norm", self.qkv), ("post_attention_norm", self.gate_up)):
-            norm = getattr(self, name)
-            linear.weight.mul_(norm.to(linear.weight.dtype)[None, :])
-            setattr(self, name, nn.Parameter(torch.ones_like(norm), requires_grad=False))
-        self.norms_folded = True
 
     def forward(
         self,
@@ -221,15 +210,6 @@ class CausalLM(nn.Module):
     def compile_stages(self) -> None:
         """Fuses each layer's norms, rotary, residuals and activation with torch.compile (GPU)."""
         self.stages = self.stages.compiled()
-
-    def fold_norms(self) -> None:
-        """Folds each layer's two RMS norms' weights into the products after them (DecoderLayer.fold_norms):
-        the same model up to one rounding of those weights, whose fused steps (engine/fused_stages.py) then
-        norm a row inside the product that reads it instead of in a kernel of their own, two kernels a layer
-        fewer. The final norm keeps its weight (the LM head may be the embeddings' own tensor). Call before
-        quantizing: the folded weights are what an int8 linear quantizes."""
-        for layer in self.layers:
-            layer.fold_norms()
 
     def use_fused_kernels(self, max_rows: int | None, layer_kernel: bool = False) -> None:
         """CUDA-graph steps (decode, verify, draft loops) of up to `max_rows` rows (None: all) run

@@ -50,9 +50,6 @@ class RuntimeConfig:
     # drafts: "int8": weight-only int8 linears (engine/linear.Int8Linear); "w8a8": every linear int8, and on
     # CUDA their inputs too in graph steps (int8 tensor cores: engine/triton_quant.py)
     quantize: str = "none"
-    # each layer's RMS norms' weights folded into the products after them (engine/llama.CausalLM.fold_norms):
-    # the fused steps then norm inside those products, two kernels a layer fewer; float activations only
-    fold_norms: bool = False
     max_batch_size: int = 64  # sequences a forward steps at most: CUDA graphs are captured up to its bucket
     cache_dir: Path = field(default_factory=default_cache_dir)
 
@@ -69,9 +66,6 @@ class RuntimeConfig:
             raise ValueError(f"max_batch_size must be >= 1, got {self.max_batch_size}")
         if self.quantize not in QUANTIZE_MODES:
             raise ValueError(f"quantize must be one of {', '.join(QUANTIZE_MODES)}, got {self.quantize!r}")
-        if self.fold_norms and self.quantize == "w8a8":
-            raise ValueError("fold_norms folds a norm into float products; with quantize w8a8 the norm itself "
-                             "makes their int8 rows: use one or the other")
         if self.layer_kernels not in ("auto", "fused", "reference", "layer"):
             raise ValueError(f"layer_kernels must be auto, fused, layer or reference, got {self.layer_kernels!r}")
         if self.attention_backend not in ("auto", "triton", "reference"):
@@ -109,8 +103,6 @@ class ModelRunner:
         hf_config = loaded.hf_model.config
         self.max_model_len = _max_model_len(hf_config, config.max_model_len)
         self.model = CausalLM(loaded.hf_model, self.max_model_len + POSITION_HEADROOM)
-        if config.fold_norms:  # before quantizing: an int8 linear quantizes the folded weights
-            self.model.fold_norms()
         if config.quantize == "int8":  # engine/linear.Int8Linear: on CUDA the wide products only
             quantize_int8(self.model, CUDA_MIN_INT8_OUT_FEATURES if device.type == "cuda" else 0)
         elif config.quantize == "w8a8":

@@ -45,7 +45,6 @@ sum's order). `skinny_linear_reference` is the same computation in PyTorch (CPU,
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
@@ -62,9 +61,6 @@ BLOCK_M = 16  # rows per program: the smallest tensor-core tile
 SPLIT_K = 4  # K ranges of a narrow product of a long K (launch_config)
 SPLIT_K_MIN_K = 8192
 MAX_TILES = 8192  # (row tile, column strip) counters a split product may use
-# rms_eps: where a product finds its rows' sums of squares (module doc, "RMS norm folded in")
-RMS_NONE, RMS_IN_LOOP, RMS_PROLOGUE = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
-RMS_NORM_MODE = {"loop": 1, "prologue": 2}[os.environ.get("SPECDEC_RMS_SUMSQ", "loop")]
 
 
 @dataclass(frozen=True)
@@ -149,13 +145,11 @@ def _w8a8_launch_config(n: int, k: int) -> LaunchConfig:
 @triton.jit
 def strip_product(x_ptr, w_ptr, rows, w_rows, row_ok, col_ok, K, stride_xm, stride_wn, k_first, k_per_split,
                   HAS_SCALE: tl.constexpr, EVEN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                  BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr, A_INT8: tl.constexpr = False,
-                  RMS_NORM: tl.constexpr = 0, rms_eps=0.0):
+                  BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr, A_INT8: tl.constexpr = False):
     """float32 [BLOCK_M, BLOCK_N]: x's `rows` times W's rows `w_rows` (any BLOCK_N of them, each
     contiguous along K) over the K range from `k_first`, streamed through the software pipeline.
     `EVEN`: no masks (every W row exists, K a multiple of BLOCK_K). `A_INT8`: x and W int8, their
-    exact int32 sum (the caller multiplies in both scales). `RMS_NORM`: each row's sum divided by the
-    row's RMS (see `rms_scale`; the whole K range only). The fused QKV-rotary kernel's
+    exact int32 sum (the caller multiplies in both scales). The fused QKV-rotary kernel's
     loop (engine/triton_rope.py); product_tile keeps its own copy of these lines: called
     from there, this changed its machine code (PTX), which the H200 figures were measured without."""
     offs_k = tl.arange(0, BLOCK_K)
@@ -163,10 +157,6 @@ def strip_product(x_ptr, w_ptr, rows, w_rows, row_ok, col_ok, K, stride_xm, stri
     x_rows = x_ptr + rows[:, None].to(tl.int64) * stride_xm
     w_cols = w_ptr + w_rows[:, None].to(tl.int64) * stride_wn
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.int32 if A_INT8 else tl.float32)
-    if RMS_NORM == RMS_PROLOGUE:
-        sumsq = row_sumsq(x_rows, row_ok, K, BLOCK_M, BLOCK_K)
-    else:
-        sumsq = tl.zeros([BLOCK_M], dtype=tl.float32)
     for k0 in range(k_first, tl.minimum(K, k_first + k_per_split), BLOCK_K):
         k = k0 + offs_k
         k_ok = k < K
@@ -175,36 +165,13 @@ def strip_product(x_ptr, w_ptr, rows, w_rows, row_ok, col_ok, K, stride_xm, stri
         else:
             w = tl.load(w_cols + k[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0)
         a = tl.load(x_rows + k[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0)
-        if RMS_NORM == RMS_IN_LOOP:
-            sumsq += tl.sum(a.to(tl.float32) * a.to(tl.float32), axis=1)
         if A_INT8:
             acc += tl.dot(a, tl.trans(w), out_dtype=tl.int32)
         else:
             if HAS_SCALE:  # int8 values are exact in bf16, fp16 and float32
                 w = w.to(dtype)
             acc += tl.dot(a, tl.trans(w), input_precision=DOT_PRECISION)
-    if RMS_NORM != RMS_NONE:
-        return acc.to(tl.float32) * rms_scale(sumsq, K, rms_eps)[:, None]
     return acc.to(tl.float32)
-
-
-@triton.jit
-def row_sumsq(x_rows, row_ok, K, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
-    """float32 [BLOCK_M]: the sum of squares of each row of x (pointers `x_rows`, [BLOCK_M, 1]), read in
-    its own loop before the product's (RMS_PROLOGUE)."""
-    sumsq = tl.zeros([BLOCK_M], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        k = k0 + tl.arange(0, BLOCK_K)
-        a = tl.load(x_rows + k[None, :], mask=row_ok[:, None] & (k < K)[None, :], other=0).to(tl.float32)
-        sumsq += tl.sum(a * a, axis=1)
-    return sumsq
-
-
-@triton.jit
-def rms_scale(sumsq, K, eps):
-    """1 / RMS of rows whose squares sum to `sumsq` over K: RMSNorm's factor, as HF computes it in float32
-    (rsqrt(mean(x^2) + eps))."""
-    return tl.rsqrt(sumsq / K + eps)
 
 
 @triton.jit
@@ -225,12 +192,9 @@ def product_tile(
     DOT_PRECISION: tl.constexpr,
     x_scale_ptr=None,
     A_INT8: tl.constexpr = False,
-    RMS_NORM: tl.constexpr = 0,
-    rms_eps=0.0,
 ):
     """One program's work: the kernel's, and a stage of engine/triton_layer.py's layer kernel. `A_INT8`:
-    x int8 with a float32 scale a row at `x_scale_ptr` (W8A8), its K range's sum exact in int32.
-    `RMS_NORM`: x's rows RMS-normed on the way (RMS_IN_LOOP / RMS_PROLOGUE; not with SPLIT_K)."""
+    x int8 with a float32 scale a row at `x_scale_ptr` (W8A8), its K range's sum exact in int32."""
     rows = row_tile * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = strip * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
@@ -241,10 +205,6 @@ def product_tile(
     w_cols = w_ptr + cols[:, None].to(tl.int64) * stride_wn
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.int32 if A_INT8 else tl.float32)
     k_first = split * k_per_split  # this program's K range (all of K without a split)
-    if RMS_NORM == RMS_PROLOGUE:
-        sumsq = row_sumsq(x_rows, row_ok, K, BLOCK_M, BLOCK_K)
-    else:
-        sumsq = tl.zeros([BLOCK_M], dtype=tl.float32)
     for k0 in range(k_first, tl.minimum(K, k_first + k_per_split), BLOCK_K):
         k = k0 + offs_k
         k_ok = k < K
@@ -253,8 +213,6 @@ def product_tile(
         else:
             w = tl.load(w_cols + k[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0)
         a = tl.load(x_rows + k[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0)
-        if RMS_NORM == RMS_IN_LOOP:
-            sumsq += tl.sum(a.to(tl.float32) * a.to(tl.float32), axis=1)
         if A_INT8:
             acc += tl.dot(a, tl.trans(w), out_dtype=tl.int32)
         else:
@@ -262,8 +220,6 @@ def product_tile(
                 w = w.to(dtype)
             acc += tl.dot(a, tl.trans(w), input_precision=DOT_PRECISION)
     acc = acc.to(tl.float32)
-    if RMS_NORM != RMS_NONE:
-        acc *= rms_scale(sumsq, K, rms_eps)[:, None]
     if A_INT8:  # each row's scale (rows past M: 0)
         acc *= tl.load(x_scale_ptr + rows, mask=row_ok, other=0.0)[:, None]
     if SPLIT_K > 1:  # the partial sums to the workspace; the strip's last program adds them, in K order
@@ -319,8 +275,6 @@ def _skinny_linear_kernel(
     USE_PDL: tl.constexpr,
     x_scale_ptr,
     A_INT8: tl.constexpr,
-    rms_eps,
-    RMS_NORM: tl.constexpr,
     PREFETCH_LINES: tl.constexpr = 0,
     LINE_ELEMS: tl.constexpr = 128,
 ):
@@ -335,8 +289,7 @@ def _skinny_linear_kernel(
     product_tile(tl.program_id(0), tl.program_id(1), tl.program_id(2), tl.num_programs(1),
                  x_ptr, w_ptr, out_ptr, bias_ptr, res_ptr, scale_ptr, part_ptr, count_ptr,
                  M, N, K, stride_xm, stride_wn, stride_om, stride_rm, k_per_split, SPLIT_K, SILU_MUL, HAS_BIAS,
-                 HAS_RESIDUAL, HAS_SCALE, EVEN_K, EVEN_N, BLOCK_M, BLOCK_N, BLOCK_K, DOT_PRECISION, x_scale_ptr, A_INT8,
-                 RMS_NORM, rms_eps)
+                 HAS_RESIDUAL, HAS_SCALE, EVEN_K, EVEN_N, BLOCK_M, BLOCK_N, BLOCK_K, DOT_PRECISION, x_scale_ptr, A_INT8)
 
 
 def skinny_linear(
@@ -351,11 +304,9 @@ def skinny_linear(
     out_dtype: torch.dtype | None = None,
     config: LaunchConfig | None = None,
     counters: torch.Tensor | None = None,  # split products: MAX_TILES zeroed int32 (split_counters)
-    rms_eps: float | None = None,  # x's rows RMS-normed first (no weight: it is folded into W; module doc)
 ) -> torch.Tensor:  # [M, N] ([M, N / 2] with silu_mul)
     """Asserting host wrapper: every shape, dtype and stride is checked before launch. A split product
     (launch_config's split_k) inside a CUDA graph capture needs `counters` made before the capture."""
-    assert rms_eps is None or x_scale is None, "rms_eps goes with float rows of x (int8 rows come normed)"
     assert x.dim() == 2 and weight.dim() == 2, "x [M, K] and weight [N, K]"
     n, k = weight.shape
     m = x.shape[0]
@@ -384,7 +335,6 @@ def skinny_linear(
         return out
     config = config or launch_config(n, k, int8=scale is not None, rows=m, act_int8=x_scale is not None)
     assert config.block_n % 2 == 0
-    assert rms_eps is None or config.split_k == 1, "rms_eps needs a program's K range to be all of K"
     # row tiles vary fastest: the programs that share a strip of W run together and read it from L2
     grid = (triton.cdiv(m, config.block_m), triton.cdiv(n, config.block_n), config.split_k)
     k_per_split = triton.cdiv(triton.cdiv(k, config.split_k), config.block_k) * config.block_k
@@ -412,7 +362,6 @@ def skinny_linear(
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
         num_warps=config.num_warps, num_stages=config.num_stages, **options,
         x_scale_ptr=x_scale if x_scale is not None else x, A_INT8=x_scale is not None,
-        rms_eps=rms_eps or 0.0, RMS_NORM=0 if rms_eps is None else RMS_NORM_MODE,
         **prefetch_options(config.block_n, k_per_split, weight.element_size(), options["USE_PDL"]),
     )
     return out
@@ -436,20 +385,8 @@ def skinny_linear_reference(
     silu_mul: bool = False,
     residual: torch.Tensor | None = None,
     out_dtype: torch.dtype | None = None,
-    rms_eps: float | None = None,
 ) -> torch.Tensor:
-    """`skinny_linear` in PyTorch ops (int8 x: the exact integer sums, in float64, then the scales; rms_eps:
-    x's rows' float32 product divided by their RMS, as the kernel does it)."""
-    if rms_eps is not None:
-        xf = x.float()
-        out = F.linear(xf, weight.float() if scale is None else dequantize_int8(weight, scale, torch.float32))
-        out = out * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + rms_eps)
-        if bias is not None:
-            out = out + bias.float()
-        out = out.to(out_dtype or (residual.dtype if residual is not None else x.dtype))
-        if silu_mul:
-            out = silu_mul_interleaved(out)
-        return out if residual is None else residual + out
+    """`skinny_linear` in PyTorch ops (int8 x: the exact integer sums, in float64, then the scales)."""
     if x_scale is not None:
         dtype = out_dtype or residual.dtype
         sums = (x.double() @ weight.double().t()).float() * x_scale[:, None] * scale.float()[None, :]

@@ -23,7 +23,7 @@ import triton.language as tl
 from engine import pdl
 from engine.attention import write_kv
 from engine.llama import ModelShape, apply_rope
-from engine.triton_linear import RMS_NORM_MODE, LaunchConfig, launch_config, strip_product
+from engine.triton_linear import LaunchConfig, launch_config, strip_product
 from engine.triton_prefetch import prefetch_options, prefetch_strip
 
 
@@ -134,11 +134,10 @@ def qkv_rope_strip(
     NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, EVEN_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    x_scale_ptr=None, A_INT8: tl.constexpr = False, RMS_NORM: tl.constexpr = 0, rms_eps=0.0,
+    x_scale_ptr=None, A_INT8: tl.constexpr = False,
 ):
     """One (row tile, column strip): the kernel's program, and a stage of engine/triton_layer.py's.
-    `A_INT8`: x int8 with a float32 scale a row at `x_scale_ptr` (W8A8). `RMS_NORM`: x's rows RMS-normed
-    on the way (engine/triton_linear.strip_product)."""
+    `A_INT8`: x int8 with a float32 scale a row at `x_scale_ptr` (W8A8)."""
     HALF: tl.constexpr = HEAD_DIM // 2
     PAIRS: tl.constexpr = BLOCK_N // 2
     rows = row_tile * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -151,7 +150,7 @@ def qkv_rope_strip(
     pair = offset // 2 + j // 2  # a rotated strip: columns (p, p + HALF) side by side
     w_rows = tl.where(rotated, head * HEAD_DIM + pair + (j % 2) * HALF, col0 + j)
     acc = strip_product(x_ptr, w_ptr, rows, w_rows, row_ok, j < BLOCK_N, K, stride_xm, stride_wn, 0, K,
-                        HAS_SCALE, EVEN_K, BLOCK_M, BLOCK_N, BLOCK_K, DOT_PRECISION, A_INT8, RMS_NORM, rms_eps)
+                        HAS_SCALE, EVEN_K, BLOCK_M, BLOCK_N, BLOCK_K, DOT_PRECISION, A_INT8)
     if A_INT8:
         acc *= tl.load(x_scale_ptr + rows, mask=row_ok, other=0.0)[:, None]
     if HAS_SCALE:
@@ -192,8 +191,8 @@ def _qkv_rope_write_kv_kernel(
     NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, EVEN_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    USE_PDL: tl.constexpr, x_scale_ptr, A_INT8: tl.constexpr, rms_eps, RMS_NORM: tl.constexpr,
-    PREFETCH_LINES: tl.constexpr = 0, LINE_ELEMS: tl.constexpr = 128,
+    USE_PDL: tl.constexpr, x_scale_ptr, A_INT8: tl.constexpr, PREFETCH_LINES: tl.constexpr = 0,
+    LINE_ELEMS: tl.constexpr = 128,
 ):
     if USE_PDL:  # engine/pdl.py
         if PREFETCH_LINES > 0:  # the strip's first weights before the wait (engine/triton_prefetch.py)
@@ -204,7 +203,7 @@ def _qkv_rope_write_kv_kernel(
     qkv_rope_strip(tl.program_id(0), tl.program_id(1), x_ptr, w_ptr, bias_ptr, scale_ptr, cos_ptr, sin_ptr, pos_ptr,
                    slot_ptr, q_ptr, k_cache_ptr, v_cache_ptr, M, K, stride_xm, stride_wn, stride_cos, stride_sin,
                    stride_q, stride_slot, NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, HAS_BIAS, HAS_SCALE, EVEN_K, BLOCK_M,
-                   BLOCK_N, BLOCK_K, DOT_PRECISION, x_scale_ptr, A_INT8, RMS_NORM, rms_eps)
+                   BLOCK_N, BLOCK_K, DOT_PRECISION, x_scale_ptr, A_INT8)
 
 
 def qkv_rope_block_n(weight: torch.Tensor, shape: ModelShape, int8: bool = False,
@@ -240,11 +239,9 @@ def qkv_rope_and_write_kv(
     *,
     scale: torch.Tensor | None = None,  # [(H + 2 * KVH) * D] int8 rows' scales
     x_scale: torch.Tensor | None = None,  # [T] float32: x is int8 rows too (W8A8)
-    rms_eps: float | None = None,  # x's rows RMS-normed first (the norm's weight folded into W)
 ) -> torch.Tensor:  # [T, H, D] rotated queries
-    """`rope_and_write_kv(skinny_linear(x, weight, bias, scale=scale, x_scale=x_scale, rms_eps=rms_eps), ...)`
-    in one kernel (see the module doc). Asserting host wrapper."""
-    assert rms_eps is None or x_scale is None, "rms_eps goes with float rows of x"
+    """`rope_and_write_kv(skinny_linear(x, weight, bias, scale=scale, x_scale=x_scale), ...)` in one kernel
+    (see the module doc). Asserting host wrapper."""
     num_tokens, hidden = x.shape
     heads, kv_heads, head_dim = shape.num_heads, shape.num_kv_heads, shape.head_dim
     n = (heads + 2 * kv_heads) * head_dim
@@ -274,7 +271,6 @@ def qkv_rope_and_write_kv(
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
         num_warps=config.num_warps, num_stages=config.num_stages, **options,
         x_scale_ptr=x_scale if x_scale is not None else x, A_INT8=x_scale is not None,
-        rms_eps=rms_eps or 0.0, RMS_NORM=0 if rms_eps is None else RMS_NORM_MODE,
         **prefetch_options(config.block_n, hidden, weight.element_size(), options["USE_PDL"]),
     )
     return q

@@ -67,10 +67,6 @@ def add_runtime_args(parser: argparse.ArgumentParser, prefix: str, default_model
                              "experimental: slower than auto on the H200 today); "
                              f"reference: none. Default: {cuda_layer_kernels} on CUDA, reference on CPU (see the README)")
     parser.add_argument("--max-batch-size", type=int, default=env("max_batch_size", 64))
-    parser.add_argument("--fold-norms", choices=["on", "off"], default=env("fold_norms", "off"),
-                        help="fold each layer's RMS norm weights into the products after them (the same model up to "
-                             "one rounding of those weights); the fused CUDA-graph steps then run two kernels a layer "
-                             "fewer. Not with --quantize w8a8")
     parser.add_argument("--num-threads", type=int, default=env("num_threads", None), help="torch CPU threads")
 
 
@@ -89,7 +85,6 @@ def runtime_config(args: argparse.Namespace) -> RuntimeConfig:
         attention_backend=args.attention_backend,
         layer_kernels=args.layer_kernels or (args.cuda_layer_kernels if on_cuda else "auto"),
         max_batch_size=int(args.max_batch_size),
-        fold_norms=args.fold_norms == "on",
     )
 
 

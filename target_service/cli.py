@@ -19,11 +19,7 @@ def main(argv: list[str] | None = None) -> None:
     add_server_tls_args(parser, "SPECDEC_TARGET")
     args = parser.parse_args(argv)
     setup_logging(args.log_level, args.log_format)
-    try:
-        config = runtime_config(args)
-    except ValueError as e:  # a combination of flags the runtime refuses
-        parser.error(str(e))
-    run(args, config)
+    run(args, runtime_config(args))
 
 
 if __name__ == "__main__":

@@ -113,15 +113,11 @@ def test_fused_kernels_serve_a_draft_with_a_reduced_lm_head(tmp_path, tokenizer)
 def _with_dequantized_int8_weights(model_dir, tokenizer) -> LoadedModel:
     """model_dir's model in float32, each linear's weight its int8 rows times their scales."""
     hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    _dequantize_linears(hf)
-    return LoadedModel(str(model_dir), hf, tokenizer)
-
-
-def _dequantize_linears(hf: torch.nn.Module) -> None:
     for module in hf.modules():
         if isinstance(module, torch.nn.Linear):
             quantized = Int8Linear(module)
             module.weight.data = dequantize_int8(quantized.qweight, quantized.scale, torch.float32)
+    return LoadedModel(str(model_dir), hf, tokenizer)
 
 
 def test_an_int8_draft_through_the_fused_kernels_computes_its_dequantized_weights_logits(model_dir, tokenizer):
@@ -156,58 +152,6 @@ def test_a_w8a8_draft_through_the_fused_kernels_computes_the_logits_of_its_int8_
     torch.testing.assert_close(fused, expected, atol=1e-4, rtol=1e-4)
     weight_only = _decode_and_verify_logits(model_dir, "fused", num_prefill=12, quantize="int8")
     assert not torch.allclose(fused, weight_only, atol=1e-3)
-
-
-def _with_random_norms(model_dir, tokenizer) -> LoadedModel:
-    """model_dir's model with RMS norm weights far from the ones a random model starts with."""
-    hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    generator = torch.Generator().manual_seed(3)
-    with torch.no_grad():
-        for name, param in hf.named_parameters():
-            if name.endswith("norm.weight"):
-                param.copy_(torch.rand(param.shape, generator=generator) + 0.5)
-    return LoadedModel(str(model_dir), hf, tokenizer)
-
-
-@pytest.mark.parametrize("kernels", ["reference", "fused"])
-def test_folded_norms_compute_the_logits_of_the_model_they_fold(model_dir, tokenizer, kernels, monkeypatch):
-    """--fold-norms (CausalLM.fold_norms): each layer's norm weights folded into its qkv and gate/up weights
-    is the same model, computed by the reference stages or by the fused ones, where each such product
-    norms its rows itself: only the final norm runs a kernel of its own."""
-    calls, norm = [], fused_stages.rms_norm_triton
-
-    def counted(*args, **kwargs):
-        calls.append(args[0].shape[0])
-        return norm(*args, **kwargs)
-
-    monkeypatch.setattr(fused_stages, "rms_norm_triton", counted)
-    folded = _decode_and_verify_logits(model_dir, kernels, num_prefill=12, loaded=_with_random_norms(model_dir, tokenizer),
-                                       fold_norms=True)
-    expected = _decode_and_verify_logits(model_dir, "reference", num_prefill=12,
-                                         loaded=_with_random_norms(model_dir, tokenizer))
-    torch.testing.assert_close(folded, expected, atol=1e-4, rtol=1e-4)
-    # the final norm only, of the prefill's last row (12 rows: a fused step on CPU), the decode and the verify
-    assert calls == ([1, 1, 5] if kernels == "fused" else [])
-    assert not torch.allclose(expected, _decode_and_verify_logits(model_dir, "reference", num_prefill=12), atol=1e-3)
-
-
-def test_an_int8_draft_with_folded_norms_computes_its_folded_int8_weights_logits(model_dir, tokenizer):
-    """--fold-norms with --quantize int8: the folded weights are what is quantized. The fused stages give
-    the logits of the model folded by hand, its linears holding the dequantized int8 rows of those weights."""
-    fused = _decode_and_verify_logits(model_dir, "fused", num_prefill=12, loaded=_with_random_norms(model_dir, tokenizer),
-                                      quantize="int8", fold_norms=True)
-    by_hand = _with_random_norms(model_dir, tokenizer)
-    with torch.no_grad():
-        for layer in by_hand.hf_model.model.layers:
-            attn, mlp = layer.self_attn, layer.mlp
-            for norm, linears in ((layer.input_layernorm, (attn.q_proj, attn.k_proj, attn.v_proj)),
-                                  (layer.post_attention_layernorm, (mlp.gate_proj, mlp.up_proj))):
-                for linear in linears:
-                    linear.weight.mul_(norm.weight[None, :])
-                norm.weight.fill_(1.0)
-    _dequantize_linears(by_hand.hf_model)
-    expected = _decode_and_verify_logits(model_dir, "reference", num_prefill=12, loaded=by_hand)
-    torch.testing.assert_close(fused, expected, atol=1e-4, rtol=1e-4)
 
 
 def test_compiled_stages_serve_more_model_shapes_than_dynamos_default_limit_in_one_process():

@@ -7,9 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from engine import triton_linear
 from engine.linear import Int8Linear, quantize_rows_reference
-from engine.llama import rms_norm
 from engine.triton_linear import (
     LaunchConfig,
     launch_config,
@@ -159,52 +157,6 @@ def test_steps_of_many_rows_take_wide_tiles_that_match_the_reference_fp32(rows, 
     torch.testing.assert_close(skinny_linear(**args), skinny_linear_reference(**args), atol=1e-5, rtol=1e-5)
 
 
-RMS_MODES = pytest.mark.parametrize("rms_mode", [1, 2], ids=["sumsq_in_loop", "sumsq_prologue"])
-EPS = 1e-5
-
-
-def _folded(args: dict, k: int) -> tuple[dict, dict]:
-    """(the product of rms_norm(x, g) and W, the same with g folded into W and x's rows normed by the
-    kernel): engine/llama.CausalLM.fold_norms."""
-    g = torch.rand(k, device=DEVICE).to(args["x"].dtype) + 0.5
-    normed = {**args, "x": rms_norm(args["x"], g, EPS)}
-    return normed, {**args, "weight": args["weight"] * g, "rms_eps": EPS}
-
-
-@RMS_MODES
-@pytest.mark.parametrize(("rows", "n", "k"), SHAPES)
-@pytest.mark.parametrize(("fusion", "bias", "residual"), [("none", False, False), ("silu_mul", True, True),
-                                                          ("none", True, True)])
-def test_a_folded_norm_gives_the_product_of_the_normed_rows(rows, n, k, fusion, bias, residual, rms_mode,
-                                                             monkeypatch):
-    """rms_eps: the norm's weight folded into W, the product divides each row's sums by the row's RMS
-    (its squares summed in the product's own loop, or in a loop before it)."""
-    monkeypatch.setattr(triton_linear, "RMS_NORM_MODE", rms_mode)
-    normed, folded = _folded(_inputs(rows, n, k, fusion, bias, residual, torch.float32), k)
-    expected = skinny_linear_reference(**normed)
-    torch.testing.assert_close(skinny_linear_reference(**folded), expected, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(skinny_linear(**folded, config=SMALL), expected, atol=1e-5, rtol=1e-5)
-
-
-@RMS_MODES
-def test_each_row_of_a_folded_norm_is_computed_as_if_alone(rms_mode, monkeypatch):
-    monkeypatch.setattr(triton_linear, "RMS_NORM_MODE", rms_mode)
-    _, args = _folded(_inputs(5, 32, 64, "silu_mul", False, True, torch.float32), 64)
-    together = skinny_linear(**args, config=SMALL)
-    alone = skinny_linear(**{**args, "x": args["x"][2:3], "residual": args["residual"][2:3]}, config=SMALL)
-    assert torch.equal(together[2:3], alone)
-
-
-def test_a_folded_norm_is_refused_with_int8_rows_or_a_split_product():
-    _, args = _folded(_inputs(3, 32, 64, "none", False, False, torch.float32), 64)
-    with pytest.raises(AssertionError, match="rms_eps needs a program's K range"):
-        skinny_linear(**args, config=SPLIT)
-    int8 = _int8(args)
-    x, x_scale = quantize_rows_reference(args["x"])
-    with pytest.raises(AssertionError, match="rms_eps goes with float rows"):
-        skinny_linear(**{**int8, "x": x}, x_scale=x_scale, out_dtype=torch.float32)
-
-
 def test_split_and_int8_products_keep_their_decode_configuration_at_any_row_count():
     """Their K ranges (split) are part of a row's sum; int8's wide tiles were never measured."""
     for n, k, int8 in ((2048, 8192, False), (2048, 8192, True), (16384, 2048, True)):
@@ -229,21 +181,6 @@ def test_kernel_matches_reference_bf16_at_model_shapes(rows, n, k, fusion):
     got, expected = skinny_linear(**args), skinny_linear_reference(**args)
     # rounding differs (fused float32 products vs rounded intermediates): about one bf16 ulp of the output
     torch.testing.assert_close(got.float(), expected.float(), atol=6e-2, rtol=2e-2)
-
-
-@pytest.mark.gpu
-@RMS_MODES
-@pytest.mark.parametrize(("rows", "n", "k", "fusion"), [(1, 6144, 4096, "none"), (5, 28672, 4096, "silu_mul"),
-                                                   (5, 128256, 4096, "none"), (16, 2048, 2048, "none")])
-def test_a_folded_norm_matches_the_normed_product_bf16(rows, n, k, fusion, rms_mode, monkeypatch):
-    """Llama-3.1-8B's qkv, gate/up and head (and a 1B qkv), bf16: the folded product is the normed one to
-    bf16's rounding, and a row among 5 gets the bits it gets alone."""
-    monkeypatch.setattr(triton_linear, "RMS_NORM_MODE", rms_mode)
-    normed, folded = _folded(_inputs(rows, n, k, fusion, False, True, torch.bfloat16), k)
-    got = skinny_linear(**folded)
-    torch.testing.assert_close(got.float(), skinny_linear_reference(**normed).float(), atol=8e-2, rtol=3e-2)
-    alone = skinny_linear(**{**folded, "x": folded["x"][-1:], "residual": folded["residual"][-1:]})
-    assert torch.equal(got[-1:], alone)
 
 
 @pytest.mark.gpu

@@ -11,7 +11,6 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from engine import triton_linear, triton_rope
 from engine.linear import Int8Linear, quantize_rows_reference
 from engine.llama import ModelShape
 from engine.triton_linear import skinny_linear
@@ -127,28 +126,6 @@ def test_the_fused_qkv_kernel_takes_int8_activations_as_the_product_does(shape, 
     q_two = rope_and_write_kv(qkv, *tables, k_two, v_two, slots, shape)
     for fused, two in ((q_fused, q_two), (k_fused, k_two), (v_fused, v_two)):
         torch.testing.assert_close(fused, two, atol=0, rtol=0)
-
-
-@pytest.mark.parametrize("rms_mode", [1, 2], ids=["sumsq_in_loop", "sumsq_prologue"])
-@pytest.mark.parametrize("num_tokens", [1, 5, 17])
-def test_the_fused_qkv_kernel_norms_its_rows_as_the_product_does(num_tokens, rms_mode, monkeypatch):
-    """--fold-norms: the norm's weight folded into the QKV weight, the fused kernel norms x's rows itself,
-    the same values as the skinny product with rms_eps, then the rope kernel."""
-    monkeypatch.setattr(triton_rope, "RMS_NORM_MODE", rms_mode)
-    monkeypatch.setattr(triton_linear, "RMS_NORM_MODE", rms_mode)
-    shape, hidden = FUSED_SHAPES[2]
-    dtype = torch.bfloat16 if DEVICE == "cuda" else torch.float32
-    x, weight, b, _, tables, slots = _fused_inputs(shape, hidden, num_tokens, dtype, True, False)
-    x = x * 7  # rows far from unit RMS
-    k_fused, v_fused = _caches(shape, dtype)
-    q_fused = qkv_rope_and_write_kv(x, weight, b, *tables, k_fused, v_fused, slots, shape, rms_eps=1e-5)
-    k_two, v_two = _caches(shape, dtype)
-    qkv = skinny_linear(x, weight, b, config=qkv_rope_config(weight, shape, False, rows=num_tokens), rms_eps=1e-5)
-    q_two = rope_and_write_kv(qkv, *tables, k_two, v_two, slots, shape)
-    for fused, two in ((q_fused, q_two), (k_fused, k_two), (v_fused, v_two)):
-        torch.testing.assert_close(fused, two, atol=0, rtol=0)
-    unnormed = qkv_rope_and_write_kv(x, weight, b, *tables, *_caches(shape, dtype), slots, shape)
-    assert not torch.allclose(unnormed, q_fused, atol=1e-2)
 
 
 def _assert_token_as_if_alone(t: int, x, weight, bias, tables, slots, shape: ModelShape, together) -> None:

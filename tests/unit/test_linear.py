@@ -96,9 +96,3 @@ def test_int8_drafts_run_on_gpus_with_any_layer_kernels(layer_kernels):
     assert RuntimeConfig(model="m", device="cuda", quantize="int8", layer_kernels=layer_kernels).quantize == "int8"
     with pytest.raises(ValueError, match="quantize must be"):
         RuntimeConfig(model="m", quantize="int4")
-
-
-def test_folded_norms_are_refused_with_w8a8_whose_norms_make_the_int8_rows():
-    assert RuntimeConfig(model="m", quantize="int8", fold_norms=True).fold_norms
-    with pytest.raises(ValueError, match="use one or the other"):
-        RuntimeConfig(model="m", quantize="w8a8", fold_norms=True)
