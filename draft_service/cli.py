@@ -39,7 +39,11 @@ def main(argv: list[str] | None = None) -> None:
     setup_logging(args.log_level, args.log_format)
     quantize = args.quantize or ("int8" if args.device == "cpu" else "none")
     pdl.ENABLED = pdl.from_env(default=True)  # a draft's chains of small kernels gain (engine/pdl.py)
-    run(args, replace(runtime_config(args), quantize=quantize))
+    try:
+        config = replace(runtime_config(args), quantize=quantize)
+    except ValueError as e:  # a value or combination of flags the runtime refuses: a usage error, not a traceback
+        parser.error(str(e))
+    run(args, config)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,11 @@ def main(argv: list[str] | None = None) -> None:
     add_server_tls_args(parser, "SPECDEC_TARGET")
     args = parser.parse_args(argv)
     setup_logging(args.log_level, args.log_format)
-    run(args, runtime_config(args))
+    try:
+        config = runtime_config(args)
+    except ValueError as e:  # a value or combination of flags the runtime refuses: a usage error, not a traceback
+        parser.error(str(e))
+    run(args, config)
 
 
 if __name__ == "__main__":
