@@ -63,7 +63,7 @@ def summarize(raw: Path, seconds: float, rate: int) -> dict:
     total = on_loop = 0
     for line in raw.read_text().splitlines():
         stack, _, count = line.rpartition(" ")
-        if not stack:
+        if not stack or not count.isdigit():  # a frame name with a line break in it splits its line
             continue
         n = int(count)
         frames = [frame_name(f) for f in stack.split(";")]
