@@ -102,8 +102,7 @@ class CudaGraphRunner:
         q = _bucket(self._config.query_buckets, max(len(s.token_ids) for s in steps))
         graph = self._graphs[(b, q)]
         graph.inputs.fill(steps)
-        graph.graph.replay()  # its first node copies the inputs in
-        graph.inputs.copied()
+        graph.graph.replay()
         self.num_replays += 1
         return [graph.logits[i * q + len(s.token_ids) - s.num_logits: i * q + len(s.token_ids)]
                 for i, s in enumerate(steps)]
@@ -119,29 +118,22 @@ class CudaGraphRunner:
         graph = self._prefills[_bucket(self._prefill_buckets, len(step.token_ids))]
         graph.inputs.fill([step], extra=[[len(step.token_ids) - 1]])  # the row of the chunk's last token
         graph.graph.replay()
-        graph.inputs.copied()
         self.num_prefill_replays += 1
         return graph.logits[: step.num_logits].clone()
 
     def _capture_prefill(self, q: int) -> _Graph:
-        inputs = StaticInputs(1, q, self._max_blocks, self._kv.block_size, self._device, num_extra=1,
-                              copy_in_step=True)
+        inputs = StaticInputs(1, q, self._max_blocks, self._kv.block_size, self._device, num_extra=1)
         batch = dataclasses.replace(inputs.batch, logits_indices=inputs.extra[0])
         with self._model.fallback_stages():
-            graph, logits = capture(lambda: self._step(inputs, batch), self._pool)
+            graph, logits = capture(lambda: self._model(batch, self._kv, self._attention), self._pool)
         self.num_captures += 1
         return _Graph(graph, inputs, logits)
 
     def _capture(self, b: int, q: int) -> _Graph:
-        inputs = StaticInputs(b, q, self._max_blocks, self._kv.block_size, self._device, copy_in_step=True)
-        graph, logits = capture(lambda: self._step(inputs, inputs.batch), self._pool)
+        inputs = StaticInputs(b, q, self._max_blocks, self._kv.block_size, self._device)
+        graph, logits = capture(lambda: self._model(inputs.batch, self._kv, self._attention), self._pool)
         self.num_captures += 1
         return _Graph(graph, inputs, logits)
-
-    def _step(self, inputs: StaticInputs, batch: ForwardBatch) -> torch.Tensor:
-        """A captured forward: the inputs' copy to the device, then the model."""
-        inputs.copy_in()
-        return self._model(batch, self._kv, self._attention)
 
 
 class StaticInputs:
@@ -155,13 +147,8 @@ class StaticInputs:
     """
 
     def __init__(self, b: int, q: int, max_blocks: int, block_size: int, device: torch.device,
-                 num_extra: int = 0, copy_in_step: bool = False) -> None:
-        """`copy_in_step`: the step that reads these inputs copies them in itself (`copy_in()` its first op,
-        in a captured graph a copy node), so `fill` only writes the host mirror and the step's launch is
-        one host call fewer (on the H200 host that copy's call took ~60 us of a service's step:
-        bench/results/host_spy.json); its caller marks the mirror `copied()` once the step is launched."""
+                 num_extra: int = 0) -> None:
         self.q = q
-        self.copy_in_step = copy_in_step
         self._scratch = SCRATCH_BLOCK * block_size
         num_long, num_int = 3 * b * q + num_extra * b, b + b * max_blocks
         self._host = torch.zeros(8 * num_long + 4 * num_int, dtype=torch.uint8, pin_memory=device.type == "cuda")
@@ -177,9 +164,6 @@ class StaticInputs:
         # recorded after each copy: the next fill waits for it before writing the host mirror (an event
         # never recorded is waited for at once)
         self._copied = torch.cuda.Event() if device.type == "cuda" else None
-        # the stream the steps run on (the runner's, current wherever it runs them): recording on it needs
-        # no lookup of the current stream
-        self._stream = torch.cuda.current_stream(device) if device.type == "cuda" else None
         self.batch = ForwardBatch(
             input_ids=device_long[: b * q],
             positions=device_long[b * q: 2 * b * q],
@@ -194,7 +178,7 @@ class StaticInputs:
 
     def fill(self, steps: list[StepInput], extra: list[list[int]] | None = None) -> None:
         """Writes the steps (KV slots reserved), padding to q tokens and b sequences, and the `extra`
-        rows (b values each); then copies it all to the device (unless `copy_in_step`).
+        rows (b values each); then copies it all to the device.
 
         Pad tokens write their K/V into the scratch block and only pad queries attend to them.
         """
@@ -210,19 +194,9 @@ class StaticInputs:
             tokens[2, i * q: i * q + n] = step.kv.slots(start, n)
             self._context_lens[i] = start + q  # the real queries keep their positions (see module doc)
             self._block_tables[i, : len(step.kv.block_table)] = step.kv.block_table
-        if not self.copy_in_step:
-            self.copy_in()
-            self.copied()
-
-    def copy_in(self) -> None:
-        """The host mirror to the device buffers (asynchronous: the mirror is pinned on CUDA)."""
         self._device.copy_(self._host, non_blocking=True)
-
-    def copied(self) -> None:
-        """Marks the host mirror read once the work launched so far has run (the copy, or the step that
-        copies it in): the next fill waits for that before writing it."""
         if self._copied is not None:
-            self._copied.record(self._stream)
+            self._copied.record()
 
     def wait_for_copy(self) -> None:
         """Before writing the host mirror: the previous step's copy has read it."""

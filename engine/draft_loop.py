@@ -94,9 +94,10 @@ class _DeviceLoop:
                 step()
 
     def read(self, k: int) -> list[np.ndarray]:
-        """Rows 0..k-1 of each output on the host: each step copies its row into the pinned mirrors
-        itself (a copy node of its graph), so this is one wait (not `tolist` on a device view, which
-        adds a gather kernel and a pageable copy; nor a copy's host call per proposal)."""
+        """Rows 0..k-1 of each output on the host: contiguous copies into the pinned mirrors, then one
+        wait (not `tolist` on a device view, which adds a gather kernel and a pageable copy)."""
+        for host, out in zip(self.host_outputs, self.outputs):
+            host[:k].copy_(out[:k], non_blocking=True)
         if self.outputs[0].is_cuda:
             torch.cuda.current_stream().synchronize()
         return [host[:k].numpy() for host in self.host_outputs]
@@ -191,7 +192,6 @@ class DraftLoop:
         if loop.params is not None:
             loop.params.fill(sampling)
         loop.run(k)
-        loop.inputs.copied()
         self.num_graph_replays += bool(loop.graphs)
         n = len(steps)
         outputs = [out[:, :n].swapaxes(0, 1) for out in loop.read(k)]  # [n, k] (+ [n, k, c]); the host sync
@@ -223,8 +223,7 @@ class DraftLoop:
     def _build(self, b: int, q: int, sampled: bool) -> _DeviceLoop:
         runner, device, c = self._runner, self._runner.device, self._config
         model, kv, attention, bs = runner.model, runner.kv, runner.attention, runner.kv.block_size
-        # logits rows, base positions; step 0 copies them in
-        inputs = StaticInputs(b, q, self._max_blocks, bs, device, num_extra=2, copy_in_step=True)
+        inputs = StaticInputs(b, q, self._max_blocks, bs, device, num_extra=2)  # logits rows, base positions
         first = dataclasses.replace(inputs.batch, logits_indices=inputs.extra[0])  # both written by every propose
         base = inputs.extra[1]
         step = ForwardBatch(
@@ -248,24 +247,20 @@ class DraftLoop:
         if model.stages.fused_kernels:  # one Triton kernel, not a dozen small ones a step
             from engine.triton_draft_step import advance_step as advance  # needs triton, as the fused stages do
 
-        pin = device.type == "cuda"
-        host_outputs = tuple(torch.empty(out.shape, dtype=out.dtype, pin_memory=pin) for out in outputs)
-
         def run_step(j: int) -> None:  # proposal j sits at base + 1 + j
             batch = first if j == 0 else step
-            if j == 0:
-                inputs.copy_in()
-            else:  # feed proposal j - 1 at position base + j
+            if j > 0:  # feed proposal j - 1 at position base + j
                 advance(outputs[0][j - 1], base, j, first.block_tables, bs, step)
             if params is None:  # the model's own argmax: a reduced head's without vocabulary-wide logits
                 picked = (model(batch, kv, attention, greedy=True),)
             else:
                 picked = sample_draft(model(batch, kv, attention), params.temperature, params.top_p, params.top_k,
                                       params.min_p, params.seed, base + 1 + j, c.num_candidates)
-            for out, host, value in zip(outputs, host_outputs, picked):
+            for out, value in zip(outputs, picked):
                 out[j].copy_(value)
-                host[j].copy_(out[j], non_blocking=True)  # its row on the host, read after the proposal's wait
 
+        pin = device.type == "cuda"
+        host_outputs = tuple(torch.empty(out.shape, dtype=out.dtype, pin_memory=pin) for out in outputs)
         return _DeviceLoop(inputs, params, outputs, [functools.partial(run_step, j) for j in range(c.max_steps)],
                            host_outputs)
 
