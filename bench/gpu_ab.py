@@ -48,10 +48,8 @@ import specdec  # noqa: E402,F401 - before grpc: it picks gRPC's poller (specdec
 import grpc  # noqa: E402
 
 import mps  # noqa: E402
-from gpu_e2e import (LLAMA_1B, LLAMA_8B, TINY, prompts_text, run_config, write_continuations,  # noqa: E402
-                     write_model_dir, write_reduced_head_draft)
+from gpu_e2e import bench_models, run_config, write_continuations  # noqa: E402
 from report import save_report  # noqa: E402
-from tiny_models import build_tokenizer  # noqa: E402
 
 from specdec.cpu_affinity import cpus_from_the_last  # noqa: E402
 from specdec.launch import Trio, interrupt_on_sigterm  # noqa: E402
@@ -144,19 +142,13 @@ def main() -> None:
         parser.error(f"variant with mps: {why}")
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
-    device, dtype = ("cpu", "float32") if args.tiny else ("cuda", "bfloat16")
-    target_shape, draft_shape = (TINY, {**TINY, "num_hidden_layers": 1}) if args.tiny else (LLAMA_8B, LLAMA_1B)
     with tempfile.TemporaryDirectory(prefix="specdec-ab-") as tmp:
         work = Path(tmp)
-        tokenizer = build_tokenizer()
-        target_model = write_model_dir(work / "target", target_shape, tokenizer)
-        draft_model = write_model_dir(work / "draft", draft_shape, tokenizer)
-        if args.draft_head_rows:
-            draft_model = write_reduced_head_draft(work / "draft-reduced-head", draft_model, args.draft_head_rows)
-        prompts = prompts_text(tokenizer, args.num_prompts, args.prompt_tokens)
-        prompt_ids = [tokenizer.encode(p) for p in prompts]
-        common = ["--device", device, "--dtype", dtype, "--max-model-len", "1024", "--log-level", "WARNING",
-                  "--max-batch-size", "1", "--kv-cache-tokens", str(16 * (args.prompt_tokens * 2 + args.max_new_tokens + 64))]
+        models = bench_models(work, args.tiny, args.draft_head_rows, args.num_prompts, args.prompt_tokens,
+                              args.max_new_tokens)
+        prompts, prompt_ids = models.prompts, models.prompt_ids
+        target_model, draft_model = models.target, models.draft
+        common = [*models.service_flags, "--max-batch-size", "1"]
         cpus = cpus_from_the_last()
         trio = Trio(work)
         with ExitStack() as stack:

@@ -46,6 +46,7 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -122,6 +123,34 @@ def prompts_text(tokenizer, count: int, num_tokens: int) -> list[str]:
         assert length == num_tokens, f"no prompt of {num_tokens} tokens found"
         prompts.append(text)
     return prompts
+
+
+@dataclass(frozen=True)
+class BenchModels:
+    """What the side-by-side trio benchmarks (step_trace.py, gpu_ab.py, host_spy.py) serve: the random target
+    and draft directories, the prompts as text and as ids, and the model services' common flags."""
+    target: str
+    draft: str
+    prompts: list[str]
+    prompt_ids: list[list[int]]
+    service_flags: list[str]
+
+
+def bench_models(work: Path, tiny: bool, draft_head_rows: int | None, num_prompts: int, prompt_tokens: int,
+                 max_new_tokens: int) -> BenchModels:
+    """The 8B / 1B shapes in bf16 on CUDA, or tiny ones on the CPU (`tiny`); the draft's LM head cut to
+    `draft_head_rows` rows where given; a KV pool for the prompts' and their tokens' blocks."""
+    tokenizer = build_tokenizer()
+    target_shape, draft_shape = (TINY, {**TINY, "num_hidden_layers": 1}) if tiny else (LLAMA_8B, LLAMA_1B)
+    target = write_model_dir(work / "target", target_shape, tokenizer)
+    draft = write_model_dir(work / "draft", draft_shape, tokenizer)
+    if draft_head_rows:
+        draft = write_reduced_head_draft(work / "draft-reduced-head", draft, draft_head_rows)
+    prompts = prompts_text(tokenizer, num_prompts, prompt_tokens)
+    device, dtype = ("cpu", "float32") if tiny else ("cuda", "bfloat16")
+    flags = ["--device", device, "--dtype", dtype, "--max-model-len", "1024", "--log-level", "WARNING",
+             "--kv-cache-tokens", str(16 * (prompt_tokens * 2 + max_new_tokens + 64))]
+    return BenchModels(target, draft, prompts, [tokenizer.encode(p) for p in prompts], flags)
 
 
 def generate(stub, prompt: str, max_new: int, k: int, draft_model: str | None = None):

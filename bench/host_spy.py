@@ -38,12 +38,10 @@ sys.path[:0] = [str(ROOT), str(ROOT / "bench"), str(ROOT / "tests")]
 import specdec  # noqa: E402,F401 - before grpc: it picks gRPC's poller (specdec/__init__.py)
 import grpc  # noqa: E402
 
-from gpu_e2e import (LLAMA_1B, LLAMA_8B, TINY, prompts_text, run_config, write_continuations,  # noqa: E402
-                     write_model_dir, write_reduced_head_draft)
+from gpu_e2e import bench_models, run_config, write_continuations  # noqa: E402
 from report import save_report  # noqa: E402
 from specdec.launch import Service, Trio, interrupt_on_sigterm  # noqa: E402
 from specdec.v1 import gateway_pb2_grpc  # noqa: E402
-from tiny_models import build_tokenizer  # noqa: E402
 
 TOP = 25  # functions listed per process and configuration
 LOOP_FRAME = "BaseEventLoop.run_forever (asyncio/base_events.py)"  # on the stack of the event loop's thread only
@@ -112,23 +110,15 @@ def main() -> None:
     if shutil.which("py-spy") is None:
         parser.error("py-spy is not on PATH (pip install py-spy)")
     out = args.out or ROOT / "bench" / "results" / ("host_spy_tiny.json" if args.tiny else "host_spy.json")
-    device, dtype = ("cpu", "float32") if args.tiny else ("cuda", "bfloat16")
-    target_shape, draft_shape = (TINY, {**TINY, "num_hidden_layers": 1}) if args.tiny else (LLAMA_8B, LLAMA_1B)
     metrics: dict[str, float] = {}
     details: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="specdec-spy-") as tmp:
         work = Path(tmp)
         raw_dir = args.raw_dir or work / "raw"
         raw_dir.mkdir(parents=True, exist_ok=True)
-        tokenizer = build_tokenizer()
-        target_model = write_model_dir(work / "target", target_shape, tokenizer)
-        draft_model = write_model_dir(work / "draft", draft_shape, tokenizer)
-        if args.draft_head_rows:
-            draft_model = write_reduced_head_draft(work / "draft-reduced-head", draft_model, args.draft_head_rows)
-        prompts = prompts_text(tokenizer, args.num_prompts, args.prompt_tokens)
-        prompt_ids = [tokenizer.encode(p) for p in prompts]
-        common = ["--device", device, "--dtype", dtype, "--max-model-len", "1024", "--log-level", "WARNING",
-                  "--kv-cache-tokens", str(16 * (args.prompt_tokens * 2 + args.max_new_tokens + 64))]
+        models = bench_models(work, args.tiny, args.draft_head_rows, args.num_prompts, args.prompt_tokens,
+                              args.max_new_tokens)
+        prompts, common = models.prompts, models.service_flags
         trio = Trio(work)
         with ExitStack() as stack:
             stack.callback(trio.stop)
@@ -138,11 +128,11 @@ def main() -> None:
                 services[name] = trio.spawn(name, module, service_args)
                 return trio.wait_ready(services[name], 900)
 
-            target = spawn("target", "target_service", ["--model", target_model, *common])
+            target = spawn("target", "target_service", ["--model", models.target, *common])
             plain = spawn("gateway-plain", "gateway", ["--target", target, "--draft", "none", "--log-level", "WARNING"])
             continuations = work / "continuations.json"
             continuations.write_text("[]")
-            draft = spawn("draft", "bench.oracle_draft", ["--model", draft_model, "--continuations", str(continuations),
+            draft = spawn("draft", "bench.oracle_draft", ["--model", models.draft, "--continuations", str(continuations),
                                                          "--alphas", "0.8", "--quantize", args.draft_quantize, *common])
             gateway = spawn("gateway", "gateway", ["--target", target, "--draft", draft, "--log-level", "WARNING"])
             channels = {name: stack.enter_context(grpc.insecure_channel(address))
@@ -151,7 +141,7 @@ def main() -> None:
             for batch in args.batches:
                 # the target's greedy output at this batch size, which the oracle proposes from
                 reference = run_config(stubs["spec"], prompts, batch, args.max_new_tokens, 4, "plain")["token_ids"]
-                write_continuations(continuations, prompt_ids, reference)
+                write_continuations(continuations, models.prompt_ids, reference)
                 for config, stub, k, processes in (("target_only", stubs["plain"], 0, ("target", "gateway-plain")),
                                                    ("spec", stubs["spec"], 4, ("target", "draft", "gateway"))):
                     run_config(stub, prompts[:batch], batch, 16, k, "oracle-0.8" if k else None)  # warm

@@ -50,11 +50,9 @@ sys.path[:0] = [str(ROOT), str(ROOT / "bench"), str(ROOT / "tests")]
 import specdec  # noqa: E402,F401 - before grpc: it picks gRPC's poller (specdec/__init__.py)
 import grpc  # noqa: E402
 
-from gpu_e2e import (LLAMA_1B, LLAMA_8B, TINY, prompts_text, run_config, write_model_dir,  # noqa: E402
-                     write_continuations, write_reduced_head_draft)
+from gpu_e2e import bench_models, run_config, write_continuations  # noqa: E402
 import mps  # noqa: E402
 from report import save_report  # noqa: E402
-from tiny_models import build_tokenizer  # noqa: E402
 
 from specdec.cpu_affinity import cpus_from_the_last  # noqa: E402
 from specdec.launch import Trio, interrupt_on_sigterm  # noqa: E402
@@ -187,22 +185,15 @@ def main() -> None:
     if args.mps and (why := mps.check_available()):
         parser.error(f"--mps: {why}")
     out = args.out or ROOT / "bench" / "results" / ("step_trace_tiny.json" if args.tiny else "step_trace.json")
-    device, dtype = ("cpu", "float32") if args.tiny else ("cuda", "bfloat16")
-    target_shape, draft_shape = (TINY, {**TINY, "num_hidden_layers": 1}) if args.tiny else (LLAMA_8B, LLAMA_1B)
     metrics: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="specdec-trace-") as tmp:
         work = Path(tmp)
         traces_dir = work / "traces"
-        tokenizer = build_tokenizer()
-        target_model = write_model_dir(work / "target", target_shape, tokenizer)
-        draft_model = write_model_dir(work / "draft", draft_shape, tokenizer)
-        if args.draft_head_rows:
-            draft_model = write_reduced_head_draft(work / "draft-reduced-head", draft_model, args.draft_head_rows)
+        models = bench_models(work, args.tiny, args.draft_head_rows, args.num_prompts, args.prompt_tokens,
+                              args.max_new_tokens)
+        prompts, prompt_ids, common = models.prompts, models.prompt_ids, models.service_flags
+        target_model, draft_model = models.target, models.draft
         cpus = cpus_from_the_last()  # --pin-services
-        prompts = prompts_text(tokenizer, args.num_prompts, args.prompt_tokens)
-        prompt_ids = [tokenizer.encode(p) for p in prompts]
-        common = ["--device", device, "--dtype", dtype, "--max-model-len", "1024", "--log-level", "WARNING",
-                  "--kv-cache-tokens", str(16 * (args.prompt_tokens * 2 + args.max_new_tokens + 64))]
         trio = Trio(work)
 
         def spawn(name: str, module: str, service_args: list[str]) -> str:
