@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from dataclasses import replace
 
 from draft_service.server import run
 from engine import pdl
 from engine.model_runner import QUANTIZE_MODES
 from engine.model_source import DEFAULT_MODEL
+from specdec.errors import SpecdecError
 from specdec.cli_args import add_runtime_args, add_server_args, env_default, runtime_config, setup_logging
 from specdec.tls import add_server_tls_args
 
@@ -43,7 +45,10 @@ def main(argv: list[str] | None = None) -> None:
         config = replace(runtime_config(args), quantize=quantize)
     except ValueError as e:  # a value or combination of flags the runtime refuses: a usage error, not a traceback
         parser.error(str(e))
-    run(args, config)
+    try:
+        run(args, config)
+    except SpecdecError as e:  # refused at start-up (a model that cannot load, ...): its reason, not a traceback
+        sys.exit(f"{parser.prog}: {e}")
 
 
 if __name__ == "__main__":

@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from engine.model_source import DEFAULT_MODEL
+from specdec.errors import SpecdecError
 from specdec.cli_args import add_runtime_args, add_server_args, env_default, runtime_config, setup_logging
 from specdec.tls import add_server_tls_args
 from target_service.server import run
@@ -23,7 +25,10 @@ def main(argv: list[str] | None = None) -> None:
         config = runtime_config(args)
     except ValueError as e:  # a value or combination of flags the runtime refuses: a usage error, not a traceback
         parser.error(str(e))
-    run(args, config)
+    try:
+        run(args, config)
+    except SpecdecError as e:  # refused at start-up (a model that cannot load, ...): its reason, not a traceback
+        sys.exit(f"{parser.prog}: {e}")
 
 
 if __name__ == "__main__":

@@ -17,3 +17,12 @@ def test_a_runtime_setting_out_of_range_exits_with_its_reason(main, argv, messag
         main(["--device", "cpu", *argv])
     assert exit_info.value.code == 2  # argparse's usage error, before any model loads
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("main", "argv"), [(target_main, []), (draft_main, ["--drafter", "model"])])
+def test_a_model_that_cannot_load_ends_the_service_with_its_reason(main, argv, tmp_path):
+    missing = tmp_path / "no-such-model"
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--device", "cpu", *argv, "--model", str(missing)])
+    assert f"cannot load model '{missing}': no such file or directory" in str(exit_info.value.code)
+    assert str(exit_info.value.code).startswith("specdec-")  # the program's name, then the reason: exit status 1
