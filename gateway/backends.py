@@ -222,6 +222,7 @@ class Backends:
         """`draft_step_timeout_s`: a draft that takes longer to answer is dropped from the request;
         `target_failover_timeout_s`: how long a request that lost its target replica waits for a
         connected one; `tls`: TLS (or mTLS) to both services; None: plaintext."""
+        self._addresses = {"target": target_address, "draft": draft_address}
         self._target_channel = open_channel(target_address, tls)
         self._target = target_pb2_grpc.TargetServiceStub(self._target_channel)
         self._draft_channel = open_channel(draft_address, tls) if draft_address else None
@@ -237,15 +238,23 @@ class Backends:
 
     async def connect(self, timeout_s: float) -> PreTrainedTokenizerBase:
         """Waits for the services, checks they are compatible, returns the target's tokenizer."""
+        service = "target"
+        waiting = ", ".join(f"the {name} at {address}" for name, address in self._addresses.items() if address)
+        log.info("waiting up to %g s for %s (a model service may still be loading its weights)", timeout_s, waiting)
         try:
             self.target_info = await self._target.GetModelInfo(
                 common_pb2.ModelInfoRequest(), timeout=timeout_s, wait_for_ready=True)
             files = await self._target.GetTokenizer(common_pb2.TokenizerRequest(), timeout=timeout_s)
             if self._draft is not None:
+                service = "draft"
                 self.draft_info = await self._draft.GetModelInfo(
                     common_pb2.ModelInfoRequest(), timeout=timeout_s, wait_for_ready=True)
         except grpc.aio.AioRpcError as e:
-            raise ServiceUnavailableError(f"cannot reach a model service: {e.code().name}: {e.details()}") from e
+            raise ServiceUnavailableError(
+                f"cannot reach a model service: the {service} at {self._addresses[service]} did not answer within "
+                f"{timeout_s:g} s ({e.code().name}: {e.details()})") from e
+        log.info("connected: target %s%s", self.target_info.model_id,
+                 f", draft {self.draft_info.model_id}" if self.draft_info is not None else "")
         if self.draft_info is not None:
             check_compatible(self.target_info, self.draft_info)
         return tokenizer_from_files(dict(files.files))

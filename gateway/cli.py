@@ -49,6 +49,9 @@ def main(argv: list[str] | None = None) -> None:
     faults.add_argument("--target-failover-timeout-s", type=float,
                         default=env_default(PREFIX, "target_failover_timeout_s", 5.0),
                         help="how long a request waits for a connected target replica before UNAVAILABLE")
+    faults.add_argument("--connect-timeout-s", type=float, default=env_default(PREFIX, "connect_timeout_s", 600.0),
+                        help="how long the gateway waits at start for the model services (which may still be loading "
+                             "their weights) before it gives up")
     faults.add_argument("--max-target-retries", type=int, default=env_default(PREFIX, "max_target_retries", 2),
                         help="re-prefills on another target replica per request after a lost one")
     add_server_tls_args(parser, PREFIX)
@@ -70,6 +73,7 @@ def main(argv: list[str] | None = None) -> None:
         max_queued_requests=int(args.max_queued_requests),
         draft_step_timeout_s=float(args.draft_step_timeout_s),
         target_failover_timeout_s=float(args.target_failover_timeout_s),
+        connect_timeout_s=float(args.connect_timeout_s),
         max_target_retries=int(args.max_target_retries),
         backend_tls=client_tls_config(args),
     )

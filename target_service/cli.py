@@ -28,7 +28,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         run(args, config)
     except SpecdecError as e:  # refused at start-up (a model that cannot load, ...): its reason, not a traceback
-        sys.exit(f"{parser.prog}: {e}")
+        print(f"{parser.prog}: {e}", file=sys.stderr)
+        sys.exit(2)  # as the gateway's
 
 
 if __name__ == "__main__":

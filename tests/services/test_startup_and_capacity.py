@@ -1,6 +1,7 @@
 """Start-up checks (incompatible pairs) and running out of KV cache."""
 from __future__ import annotations
 
+import logging
 import os
 
 import grpc
@@ -28,9 +29,18 @@ def test_gateway_refuses_a_draft_with_another_tokenizer(loop, model_dirs, target
         loop.run(draft.stop())
 
 
-def test_gateway_start_fails_clearly_when_the_target_is_unreachable(loop):
+def test_gateway_start_fails_clearly_when_the_target_is_unreachable(loop, caplog):
     config = GatewayConfig("127.0.0.1:1", None, connect_timeout_s=0.5)
-    with pytest.raises(ServiceUnavailableError, match="cannot reach a model service"):
+    with caplog.at_level(logging.INFO, logger="gateway.backends"):
+        with pytest.raises(ServiceUnavailableError,
+                           match=r"cannot reach a model service: the target at 127\.0\.0\.1:1 did not answer within 0\.5 s"):
+            loop.run(start_gateway_server(config))
+    assert "waiting up to 0.5 s for the target at 127.0.0.1:1" in caplog.text  # said while it waits, not after
+
+
+def test_gateway_start_names_the_draft_when_the_draft_is_unreachable(loop, target_server):
+    config = GatewayConfig(f"127.0.0.1:{target_server.port}", "127.0.0.1:1", connect_timeout_s=0.5)
+    with pytest.raises(ServiceUnavailableError, match=r"the draft at 127\.0\.0\.1:1 did not answer within 0\.5 s"):
         loop.run(start_gateway_server(config))
 
 

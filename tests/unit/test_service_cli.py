@@ -4,6 +4,7 @@ from __future__ import annotations
 import pytest
 
 from draft_service.cli import main as draft_main
+from gateway.cli import main as gateway_main
 from target_service.cli import main as target_main
 
 
@@ -20,9 +21,18 @@ def test_a_runtime_setting_out_of_range_exits_with_its_reason(main, argv, messag
 
 
 @pytest.mark.parametrize(("main", "argv"), [(target_main, []), (draft_main, ["--drafter", "model"])])
-def test_a_model_that_cannot_load_ends_the_service_with_its_reason(main, argv, tmp_path):
+def test_a_model_that_cannot_load_ends_the_service_with_its_reason(main, argv, tmp_path, capsys):
     missing = tmp_path / "no-such-model"
     with pytest.raises(SystemExit) as exit_info:
         main(["--device", "cpu", *argv, "--model", str(missing)])
-    assert f"cannot load model '{missing}': no such file or directory" in str(exit_info.value.code)
-    assert str(exit_info.value.code).startswith("specdec-")  # the program's name, then the reason: exit status 1
+    assert exit_info.value.code == 2
+    error = capsys.readouterr().err
+    assert error.startswith("specdec-")  # the program's name, then the reason, not a traceback
+    assert f"cannot load model '{missing}': no such file or directory" in error and "Traceback" not in error
+
+
+def test_the_gateway_gives_up_on_unreachable_services_after_its_connect_timeout(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        gateway_main(["--target", "127.0.0.1:1", "--draft", "none", "--connect-timeout-s", "0.3"])
+    assert exit_info.value.code == 2
+    assert "the target at 127.0.0.1:1 did not answer within 0.3 s" in capsys.readouterr().err
