@@ -6,7 +6,7 @@ import sys
 
 from gateway.config import GatewayConfig
 from gateway.server import run
-from specdec.cli_args import add_server_args, env_default, setup_logging
+from specdec.cli_args import add_server_args, env_default, port_number, setup_logging
 from specdec.errors import SpecdecError
 from specdec.tls import add_client_tls_args, add_server_tls_args, client_tls_config
 
@@ -27,7 +27,7 @@ def main(argv: list[str] | None = None) -> None:
                         help="choose k per step for requests that do not pin it, up to --num-draft-tokens")
     parser.add_argument("--max-num-draft-tokens", type=int, default=env_default(PREFIX, "max_num_draft_tokens", 16))
     parser.add_argument("--default-max-new-tokens", type=int, default=env_default(PREFIX, "default_max_new_tokens", 256))
-    parser.add_argument("--http-port", type=int, default=env_default(PREFIX, "http_port", None),
+    parser.add_argument("--http-port", type=port_number, default=env_default(PREFIX, "http_port", None),
                         help="serve the OpenAI-compatible API (/v1/completions, /v1/chat/completions, /v1/models) "
                              "on this port; unset: off, 0: a free port")
     parser.add_argument("--served-model-name", default=env_default(PREFIX, "served_model_name", None),

@@ -21,13 +21,13 @@ def env_default(prefix: str, name: str, default: str | int | None) -> str | int 
 def add_server_args(parser: argparse.ArgumentParser, prefix: str, default_port: int) -> None:
     env = lambda name, default: env_default(prefix, name, default)  # noqa: E731
     parser.add_argument("--host", default=env("host", "127.0.0.1"), help="address to bind (0.0.0.0 in containers)")
-    parser.add_argument("--port", type=int, default=env("port", default_port), help="port; 0 picks a free one")
+    parser.add_argument("--port", type=port_number, default=env("port", default_port), help="port; 0 picks a free one")
     parser.add_argument("--ready-file", type=Path, default=env("ready_file", None),
                         help="write HOST:PORT here once serving (for launchers)")
     parser.add_argument("--log-level", default=env("log_level", "INFO"))
     parser.add_argument("--log-format", choices=["text", "json"], default=env("log_format", "text"),
                         help="json: one object per line with time, level, logger, request_id, message")
-    parser.add_argument("--metrics-port", type=int, default=env("metrics_port", None),
+    parser.add_argument("--metrics-port", type=port_number, default=env("metrics_port", None),
                         help="serve Prometheus metrics at http://HOST:PORT/metrics; unset: off, 0: a free port")
     parser.add_argument("--busy-poll", choices=BUSY_POLL_MODES, default=env("busy_poll", "auto"),
                         help="keep the event loop polling while exactly one stream is open (one busy core; a step's round "
@@ -86,6 +86,18 @@ def runtime_config(args: argparse.Namespace) -> RuntimeConfig:
         layer_kernels=args.layer_kernels or (args.cuda_layer_kernels if on_cuda else "auto"),
         max_batch_size=int(args.max_batch_size),
     )
+
+
+def port_number(text: str) -> int:
+    """A TCP port, 0-65535 (0: a free one). gRPC takes a larger number modulo 65536 without a word (99999
+    served on 34463), so it is refused here."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"port {port} is out of range: 0-65535 (0 picks a free one)")
+    return port
 
 
 def _cpus(text: str) -> frozenset[int]:
