@@ -58,7 +58,19 @@ def main(argv: list[str] | None = None) -> None:
     add_client_tls_args(parser, PREFIX)
     args = parser.parse_args(argv)
     setup_logging(args.log_level, args.log_format)
-    config = GatewayConfig(
+    try:
+        config = _config(args)
+    except ValueError as e:  # a value or combination of flags the gateway refuses: a usage error, not a traceback
+        parser.error(str(e))
+    try:
+        run(args, config)
+    except SpecdecError as e:  # e.g. an incompatible draft/target pair: say why and exit non-zero
+        print(f"specdec-gateway: {e}", file=sys.stderr)
+        sys.exit(2)
+
+
+def _config(args: argparse.Namespace) -> GatewayConfig:
+    return GatewayConfig(
         target_address=args.target,
         draft_address=None if args.draft in ("", "none") else args.draft,
         default_num_draft_tokens=int(args.num_draft_tokens),
@@ -77,11 +89,6 @@ def main(argv: list[str] | None = None) -> None:
         max_target_retries=int(args.max_target_retries),
         backend_tls=client_tls_config(args),
     )
-    try:
-        run(args, config)
-    except SpecdecError as e:  # e.g. an incompatible draft/target pair: say why and exit non-zero
-        print(f"specdec-gateway: {e}", file=sys.stderr)
-        sys.exit(2)
 
 
 def _optional_int(value: str | int | None) -> int | None:

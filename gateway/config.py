@@ -49,3 +49,5 @@ class GatewayConfig:
                              "max_queued_requests >= 0")
         if self.draft_step_timeout_s <= 0 or self.target_failover_timeout_s < 0 or self.max_target_retries < 0:
             raise ValueError("draft_step_timeout_s must be > 0, target_failover_timeout_s and max_target_retries >= 0")
+        if self.connect_timeout_s <= 0:
+            raise ValueError(f"connect_timeout_s must be > 0, got {self.connect_timeout_s}")

@@ -1,4 +1,4 @@
-"""A model service refuses flags its runtime cannot take as a usage error that says what is wrong."""
+"""The services refuse flags they cannot take, and end a refused start, with a message that says what is wrong."""
 from __future__ import annotations
 
 import pytest
@@ -12,11 +12,14 @@ from target_service.cli import main as target_main
     (target_main, ["--kv-cache-memory-fraction", "2"], "kv_cache_memory_fraction must be in (0, 1)"),
     (target_main, ["--max-model-len", "1"], "max_model_len must be >= 2"),
     (draft_main, ["--drafter", "model", "--max-batch-size", "0"], "max_batch_size must be >= 1"),
+    (gateway_main, ["--target", "127.0.0.1:1", "--num-draft-tokens", "-1"],
+     "default_num_draft_tokens must be in [0, max_num_draft_tokens]"),
+    (gateway_main, ["--target", "127.0.0.1:1", "--connect-timeout-s", "0"], "connect_timeout_s must be > 0"),
 ])
 def test_a_runtime_setting_out_of_range_exits_with_its_reason(main, argv, message, capsys):
     with pytest.raises(SystemExit) as exit_info:
-        main(["--device", "cpu", *argv])
-    assert exit_info.value.code == 2  # argparse's usage error, before any model loads
+        main(argv if main is gateway_main else ["--device", "cpu", *argv])
+    assert exit_info.value.code == 2  # argparse's usage error, before any model loads or service is called
     assert message in capsys.readouterr().err
 
 
