@@ -2,15 +2,14 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from dataclasses import replace
 
 from draft_service.server import run
 from engine import pdl
 from engine.model_runner import QUANTIZE_MODES
 from engine.model_source import DEFAULT_MODEL
-from specdec.errors import SpecdecError
-from specdec.cli_args import add_runtime_args, add_server_args, env_default, runtime_config, setup_logging
+from specdec.cli_args import (add_runtime_args, add_server_args, configure_and_run, env_default, runtime_config,
+                              setup_logging)
 from specdec.tls import add_server_tls_args
 
 
@@ -41,15 +40,7 @@ def main(argv: list[str] | None = None) -> None:
     setup_logging(args.log_level, args.log_format)
     quantize = args.quantize or ("int8" if args.device == "cpu" else "none")
     pdl.ENABLED = pdl.from_env(default=True)  # a draft's chains of small kernels gain (engine/pdl.py)
-    try:
-        config = replace(runtime_config(args), quantize=quantize)
-    except ValueError as e:  # a value or combination of flags the runtime refuses: a usage error, not a traceback
-        parser.error(str(e))
-    try:
-        run(args, config)
-    except SpecdecError as e:  # refused at start-up (a model that cannot load, ...): its reason, not a traceback
-        print(f"{parser.prog}: {e}", file=sys.stderr)
-        sys.exit(2)  # as the gateway's
+    configure_and_run(parser, args, lambda: replace(runtime_config(args), quantize=quantize), run)
 
 
 if __name__ == "__main__":

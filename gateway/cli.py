@@ -2,12 +2,10 @@
 from __future__ import annotations
 
 import argparse
-import sys
 
 from gateway.config import GatewayConfig
 from gateway.server import run
-from specdec.cli_args import add_server_args, env_default, port_number, setup_logging
-from specdec.errors import SpecdecError
+from specdec.cli_args import add_server_args, configure_and_run, env_default, port_number, setup_logging
 from specdec.tls import add_client_tls_args, add_server_tls_args, client_tls_config
 
 PREFIX = "SPECDEC_GATEWAY"
@@ -58,15 +56,7 @@ def main(argv: list[str] | None = None) -> None:
     add_client_tls_args(parser, PREFIX)
     args = parser.parse_args(argv)
     setup_logging(args.log_level, args.log_format)
-    try:
-        config = _config(args)
-    except ValueError as e:  # a value or combination of flags the gateway refuses: a usage error, not a traceback
-        parser.error(str(e))
-    try:
-        run(args, config)
-    except SpecdecError as e:  # e.g. an incompatible draft/target pair: say why and exit non-zero
-        print(f"specdec-gateway: {e}", file=sys.stderr)
-        sys.exit(2)
+    configure_and_run(parser, args, lambda: _config(args), run)
 
 
 def _config(args: argparse.Namespace) -> GatewayConfig:

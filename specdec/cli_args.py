@@ -4,14 +4,21 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 
 from engine.model_runner import RuntimeConfig
 from specdec.busy_poll import MODES as BUSY_POLL_MODES
 from specdec.cpu_affinity import parse_cpus
+from specdec.errors import SpecdecError
 from specdec.request_id import JsonFormatter, RequestIdFilter
+
+
+C = TypeVar("C")
 
 
 def env_default(prefix: str, name: str, default: str | int | None) -> str | int | None:
@@ -86,6 +93,22 @@ def runtime_config(args: argparse.Namespace) -> RuntimeConfig:
         layer_kernels=args.layer_kernels or (args.cuda_layer_kernels if on_cuda else "auto"),
         max_batch_size=int(args.max_batch_size),
     )
+
+
+def configure_and_run(parser: argparse.ArgumentParser, args: argparse.Namespace, configure: Callable[[], C],
+                      run: Callable[[argparse.Namespace, C], None]) -> None:
+    """A service's entry point after its flags are parsed: a value or combination its config refuses
+    (ValueError) is a usage error; a refused start (a SpecdecError: a model that cannot load, an
+    incompatible draft) ends the process with its reason and status 2. Neither is a traceback."""
+    try:
+        config = configure()
+    except ValueError as e:
+        parser.error(str(e))
+    try:
+        run(args, config)
+    except SpecdecError as e:
+        print(f"{parser.prog}: {e}", file=sys.stderr)
+        sys.exit(2)
 
 
 def port_number(text: str) -> int:

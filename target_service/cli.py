@@ -2,11 +2,10 @@
 from __future__ import annotations
 
 import argparse
-import sys
 
 from engine.model_source import DEFAULT_MODEL
-from specdec.errors import SpecdecError
-from specdec.cli_args import add_runtime_args, add_server_args, env_default, runtime_config, setup_logging
+from specdec.cli_args import (add_runtime_args, add_server_args, configure_and_run, env_default, runtime_config,
+                              setup_logging)
 from specdec.tls import add_server_tls_args
 from target_service.server import run
 
@@ -21,15 +20,7 @@ def main(argv: list[str] | None = None) -> None:
     add_server_tls_args(parser, "SPECDEC_TARGET")
     args = parser.parse_args(argv)
     setup_logging(args.log_level, args.log_format)
-    try:
-        config = runtime_config(args)
-    except ValueError as e:  # a value or combination of flags the runtime refuses: a usage error, not a traceback
-        parser.error(str(e))
-    try:
-        run(args, config)
-    except SpecdecError as e:  # refused at start-up (a model that cannot load, ...): its reason, not a traceback
-        print(f"{parser.prog}: {e}", file=sys.stderr)
-        sys.exit(2)  # as the gateway's
+    configure_and_run(parser, args, lambda: runtime_config(args), run)
 
 
 if __name__ == "__main__":
