@@ -10,7 +10,7 @@ from engine.model_runner import QUANTIZE_MODES
 from engine.model_source import DEFAULT_MODEL
 from specdec.cli_args import (add_runtime_args, add_server_args, configure_and_run, env_default, runtime_config,
                               setup_logging)
-from specdec.tls import add_server_tls_args
+from specdec.tls import add_server_tls_args, server_tls_config
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -40,6 +40,7 @@ def main(argv: list[str] | None = None) -> None:
     setup_logging(args.log_level, args.log_format)
     quantize = args.quantize or ("int8" if args.device == "cpu" else "none")
     pdl.ENABLED = pdl.from_env(default=True)  # a draft's chains of small kernels gain (engine/pdl.py)
+    server_tls_config(args)  # its files checked before the model loads, not after
     configure_and_run(parser, args, lambda: replace(runtime_config(args), quantize=quantize), run)
 
 

@@ -70,7 +70,21 @@ def server_tls_config(args: argparse.Namespace) -> ServerTls | None:
         return None
     if not (args.tls_cert and args.tls_key):
         raise SystemExit("TLS needs both --tls-cert and --tls-key")
-    return ServerTls(Path(args.tls_cert), Path(args.tls_key), Path(args.tls_client_ca) if args.tls_client_ca else None)
+    return ServerTls(_pem("--tls-cert", args.tls_cert), _pem("--tls-key", args.tls_key),
+                     _pem("--tls-client-ca", args.tls_client_ca))
+
+
+def _pem(flag: str, value: str | None) -> Path | None:
+    """The file a flag names, read once at start-up: a missing or unreadable one is said there, with its
+    flag, not as a traceback (or at the first connection)."""
+    if not value:
+        return None
+    path = Path(value)
+    try:
+        path.read_bytes()
+    except OSError as e:
+        raise SystemExit(f"{flag} {value}: {e.strerror or e}") from None
+    return path
 
 
 def add_client_tls_args(parser: argparse.ArgumentParser, prefix: str) -> None:
@@ -88,8 +102,5 @@ def add_client_tls_args(parser: argparse.ArgumentParser, prefix: str) -> None:
 def client_tls_config(args: argparse.Namespace) -> ClientTls | None:
     if not any([args.backend_tls_ca, args.backend_tls_cert, args.backend_tls_key]):
         return None
-    def path(value: str | None) -> Path | None:
-        return Path(value) if value else None
-
-    return ClientTls(path(args.backend_tls_ca), path(args.backend_tls_cert), path(args.backend_tls_key),
-                     args.backend_tls_server_name or None)
+    return ClientTls(_pem("--backend-tls-ca", args.backend_tls_ca), _pem("--backend-tls-cert", args.backend_tls_cert),
+                     _pem("--backend-tls-key", args.backend_tls_key), args.backend_tls_server_name or None)

@@ -6,7 +6,7 @@ import argparse
 from engine.model_source import DEFAULT_MODEL
 from specdec.cli_args import (add_runtime_args, add_server_args, configure_and_run, env_default, runtime_config,
                               setup_logging)
-from specdec.tls import add_server_tls_args
+from specdec.tls import add_server_tls_args, server_tls_config
 from target_service.server import run
 
 
@@ -20,6 +20,7 @@ def main(argv: list[str] | None = None) -> None:
     add_server_tls_args(parser, "SPECDEC_TARGET")
     args = parser.parse_args(argv)
     setup_logging(args.log_level, args.log_format)
+    server_tls_config(args)  # its files checked before the model loads, not after
     configure_and_run(parser, args, lambda: runtime_config(args), run)
 
 

@@ -54,3 +54,14 @@ def test_a_port_out_of_range_is_refused_not_wrapped_around(main, argv, capsys):
     assert exit_info.value.code == 2
     error = capsys.readouterr().err
     assert "out of range: 0-65535" in error or "is not a port number" in error
+
+
+@pytest.mark.parametrize(("main", "argv", "message"), [
+    (target_main, ["--device", "cpu", "--tls-cert", "{missing}", "--tls-key", "{missing}"], "--tls-cert {missing}: No such file"),
+    (gateway_main, ["--target", "127.0.0.1:1", "--backend-tls-ca", "{missing}"], "--backend-tls-ca {missing}: No such file"),
+])
+def test_a_tls_file_that_cannot_be_read_is_named_with_its_flag_at_start(main, argv, message, tmp_path):
+    missing = str(tmp_path / "absent.pem")
+    with pytest.raises(SystemExit) as exit_info:
+        main([arg.format(missing=missing) for arg in argv])
+    assert message.format(missing=missing) in str(exit_info.value.code)
