@@ -5,11 +5,11 @@ target-only 164.8-172.9 tok/s in four runs of one code; HF static 114-137), whic
 single changes gain, and runs in sequence within one call drift too. So this starts every variant's
 trio side by side (target, plain gateway, oracle draft and gateway each: bench/gpu_e2e.py's shapes and
 synthetic acceptance) and measures them in turn, round after round, each round in another order (the
-variants rotated, each first in as many rounds): batch-1 target-only, then speculation at alpha 0.8,
-k 4. `--variant SPEC` (two or more; the first is the baseline), SPEC = LABEL[:ITEM,ITEM,...], an item
+variants rotated, each first in as many rounds): target-only, then speculation at alpha 0.8, k 4, at
+batch 1 (`--batch N`: N concurrent streams, the services' graphs and batches up to N). `--variant SPEC` (two or more; the first is the baseline), SPEC = LABEL[:ITEM,ITEM,...], an item
   * `NAME=VALUE`: a variable for its four services (e.g. SPECDEC_PDL=1, SPECDEC_KEEP_WARM=1);
   * `--FLAG=VALUE`: an argument for its target and draft services, after the common ones (e.g.
-    --max-batch-size=8: graphs and batching for up to 8 streams, where the common one is 1);
+    --max-batch-size=8: graphs and batching for up to 8 streams, where the common one is --batch's);
   * `mps`: its services share one GPU context through a CUDA MPS daemon of this run's own
     (bench/mps.py); the other variants' are kept off MPS;
   * `streams=N`: before the rounds, its trio serves N concurrent streams once, target-only then
@@ -27,7 +27,7 @@ each target-only output against the baseline's (`LABEL_target_only_differs_from_
 that keep the bits). The report is written again after every round all variants completed, so a run
 stopped by its timeout keeps the rounds done. `--tiny` runs it with tiny models on the CPU (checks the script; no meaningful numbers).
 Usage: python bench/gpu_ab.py --variant base --variant warm:SPECDEC_KEEP_WARM=1 [--variant mps:mps ...]
-                              [--tiny] [--rounds 4] [--draft-quantize none|int8|w8a8] [--draft-head-rows N]
+                              [--tiny] [--rounds 4] [--batch N] [--draft-quantize none|int8|w8a8] [--draft-head-rows N]
                               [--pin-services] [--max-new-tokens N] [--num-prompts N] [--out PATH]
 """
 from __future__ import annotations
@@ -118,6 +118,7 @@ def main() -> None:
     parser.add_argument("--variant", action="append", default=[], metavar="LABEL[:ITEM,...]",
                         help="a variant (two or more, the first the baseline); items NAME=VALUE, --FLAG=VALUE, mps, streams=N, tree=DIR")
     parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--batch", type=int, default=1, help="concurrent streams a round serves")
     parser.add_argument("--prompt-tokens", type=int, default=128)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--num-prompts", type=int, default=8)
@@ -148,7 +149,7 @@ def main() -> None:
                               args.max_new_tokens)
         prompts, prompt_ids = models.prompts, models.prompt_ids
         target_model, draft_model = models.target, models.draft
-        common = [*models.service_flags, "--max-batch-size", "1"]
+        common = [*models.service_flags, "--max-batch-size", str(args.batch)]
         cpus = cpus_from_the_last()
         trio = Trio(work)
         with ExitStack() as stack:
@@ -170,7 +171,8 @@ def main() -> None:
             drafts = {}
             for v in variants:
                 with grpc.insecure_channel(v.plain) as channel:
-                    v.reference = run_config(gateway_pb2_grpc.GatewayStub(channel), prompts, 1, args.max_new_tokens, 0)["token_ids"]
+                    v.reference = run_config(gateway_pb2_grpc.GatewayStub(channel), prompts, args.batch,
+                                             args.max_new_tokens, 0)["token_ids"]
                 continuations = work / f"{v.label}-continuations.json"
                 write_continuations(continuations, prompt_ids, v.reference)
                 drafts[v.label] = spawn(v, "draft", "bench.oracle_draft", [
@@ -187,21 +189,23 @@ def main() -> None:
                                    "oracle-0.8")
             for v in rotations(variants, args.rounds):
                 with grpc.insecure_channel(v.plain) as plain, grpc.insecure_channel(v.gateway) as gateway:
-                    target_only = run_config(gateway_pb2_grpc.GatewayStub(plain), prompts, 1, args.max_new_tokens, 0)
-                    spec = run_config(gateway_pb2_grpc.GatewayStub(gateway), prompts, 1, args.max_new_tokens, 4, "oracle-0.8")
+                    target_only = run_config(gateway_pb2_grpc.GatewayStub(plain), prompts, args.batch,
+                                             args.max_new_tokens, 0)
+                    spec = run_config(gateway_pb2_grpc.GatewayStub(gateway), prompts, args.batch, args.max_new_tokens, 4,
+                                      "oracle-0.8")
                 v.rounds.append({"target_only": target_only, "spec": spec})
                 if len({len(u.rounds) for u in variants}) == 1:  # a round complete: a timeout keeps it
-                    save(variants, args.out)
+                    save(variants, args.batch, args.out)
 
 
-def save(variants: list[Variant], out: Path) -> None:
+def save(variants: list[Variant], batch: int, out: Path) -> None:
     """The report of the rounds every variant has completed so far."""
-    save_report("gpu_ab", ab_metrics(variants), out,
+    save_report("gpu_ab", {**ab_metrics(variants), "batch": batch}, out,
                 variants={v.label: {"env": v.env, "args": v.args, "mps": v.mps, "streams": v.streams,
                                     "tree": str(v.tree) if v.tree else None} for v in variants},
                 details={v.label: [{config: {k: x for k, x in result.items() if k != "token_ids"}
                                     for config, result in r.items()} for r in v.rounds] for v in variants},
-                note="spec: SYNTHETIC acceptance (oracle draft, alpha 0.8, k 4); random weights; batch 1; "
+                note=f"spec: SYNTHETIC acceptance (oracle draft, alpha 0.8, k 4); random weights; batch {batch}; "
                      "variants measured in turn on one GPU")
 
 
