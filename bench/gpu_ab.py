@@ -6,7 +6,9 @@ single changes gain, and runs in sequence within one call drift too. So this sta
 trio side by side (target, plain gateway, oracle draft and gateway each: bench/gpu_e2e.py's shapes and
 synthetic acceptance) and measures them in turn, round after round, each round in another order (the
 variants rotated, each first in as many rounds): target-only, then speculation at alpha 0.8, k 4, at
-batch 1 (`--batch N`: N concurrent streams, the services' graphs and batches up to N). `--variant SPEC` (two or more; the first is the baseline), SPEC = LABEL[:ITEM,ITEM,...], an item
+batch 1 (`--batch N`: N concurrent streams, the services' graphs and batches up to N; their start-up then
+captures graphs for every batch bucket up to N: at 8, two variants were still starting after 250 s on the
+H200, so give such a call 8 minutes or more). `--variant SPEC` (two or more; the first is the baseline), SPEC = LABEL[:ITEM,ITEM,...], an item
   * `NAME=VALUE`: a variable for its four services (e.g. SPECDEC_PDL=1, SPECDEC_KEEP_WARM=1);
   * `--FLAG=VALUE`: an argument for its target and draft services, after the common ones (e.g.
     --max-batch-size=8: graphs and batching for up to 8 streams, where the common one is --batch's);
