@@ -13,11 +13,13 @@ and configuration it reports:
     gRPC's poller thread);
   * in `details`, the functions with the most samples of their own (`self`) and with them on the stack
     (`inclusive`), each as a fraction of the process's samples.
-The raw stacks (py-spy's collapsed format) are kept in `--raw-dir` when given. `--tiny` runs tiny models on
+The raw stacks (py-spy's collapsed format, a file per process and configuration) are kept in one gzipped tar
+at `--raw-archive` when given (one file: the device tool brings back at most 8). `--tiny` runs tiny models on
 the CPU (a check of the script). py-spy must be able to read the services' memory (ptrace): the report says
 `spy_failed` with py-spy's message where it cannot.
 Usage: python bench/host_spy.py [--tiny] [--batches 1 8] [--seconds 20] [--rate 500]
-                                [--draft-quantize none|int8|w8a8] [--draft-head-rows N] [--raw-dir DIR] [--out PATH]
+                                [--draft-quantize none|int8|w8a8] [--draft-head-rows N] [--raw-archive PATH.tar.gz]
+                                [--out PATH]
 """
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 from contextlib import ExitStack
@@ -104,7 +107,7 @@ def main() -> None:
     parser.add_argument("--num-prompts", type=int, default=8)
     parser.add_argument("--draft-quantize", choices=["none", "int8", "w8a8"], default="none")
     parser.add_argument("--draft-head-rows", type=int, default=None, help="the draft's LM head keeps this many rows")
-    parser.add_argument("--raw-dir", type=Path, default=None, help="keep py-spy's collapsed stacks here")
+    parser.add_argument("--raw-archive", type=Path, default=None, help="keep py-spy's collapsed stacks in this .tar.gz")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     if shutil.which("py-spy") is None:
@@ -114,8 +117,8 @@ def main() -> None:
     details: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="specdec-spy-") as tmp:
         work = Path(tmp)
-        raw_dir = args.raw_dir or work / "raw"
-        raw_dir.mkdir(parents=True, exist_ok=True)
+        raw_dir = work / "raw"
+        raw_dir.mkdir()
         models = bench_models(work, args.tiny, args.draft_head_rows, args.num_prompts, args.prompt_tokens,
                               args.max_new_tokens)
         prompts, common = models.prompts, models.service_flags
@@ -167,6 +170,10 @@ def main() -> None:
                         metrics[f"{key}_loop_fraction"] = summary.pop("loop_fraction")
                         details[key] = summary
                     print(label, f"{time.perf_counter() - started:.0f} s", flush=True)
+        if args.raw_archive:
+            args.raw_archive.parent.mkdir(parents=True, exist_ok=True)
+            with tarfile.open(args.raw_archive, "w:gz") as archive:
+                archive.add(raw_dir, arcname="host_spy_raw")
     save_report("host_spy", metrics, out, details=details,
                 note="spec: SYNTHETIC acceptance (oracle draft, alpha 0.8, k 4); random weights; py-spy samples, "
                      "native time counted to the calling Python frame")
