@@ -143,8 +143,8 @@ def main() -> None:
             parser.error(f"variant {v.label}: tree {v.tree} is not a checkout of this project (no target_service/)")
     if any(v.mps for v in variants) and (why := mps.check_available()):
         parser.error(f"variant with mps: {why}")
-    if args.rounds < 1:
-        parser.error("--rounds must be at least 1")
+    if args.rounds < 1 or args.batch < 1:
+        parser.error("--rounds and --batch must be at least 1")
     with tempfile.TemporaryDirectory(prefix="specdec-ab-") as tmp:
         work = Path(tmp)
         models = bench_models(work, args.tiny, args.draft_head_rows, args.num_prompts, args.prompt_tokens,

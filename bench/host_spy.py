@@ -79,20 +79,21 @@ def summarize(raw: Path, seconds: float, rate: int) -> dict:
 
 
 def spy(pid: int, out: Path, seconds: float, rate: int) -> subprocess.Popen:
-    return subprocess.Popen(["py-spy", "record", "--pid", str(pid), "--duration", str(int(seconds)), "--rate",
-                             str(rate), "--format", "raw", "--nonblocking", "--output", str(out)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    """py-spy sampling `pid` into `out`; its messages go to `out` + ".log" (a pipe nobody reads while it runs
+    could fill and stall it)."""
+    with out.with_suffix(".log").open("w") as log:
+        return subprocess.Popen(["py-spy", "record", "--pid", str(pid), "--duration", str(int(seconds)), "--rate",
+                                 str(rate), "--format", "raw", "--nonblocking", "--output", str(out)],
+                                stdout=subprocess.DEVNULL, stderr=log)
 
 
 def serve_while_sampled(stub, prompts: list[str], batch: int, max_new: int, k: int, draft_model: str | None,
                         spies: dict[str, subprocess.Popen]) -> dict:
     """Serves the configuration again and again until every sampler has finished; its last round's figures."""
     result = run_config(stub, prompts, batch, max_new, k, draft_model)
-    rounds = 1
     while any(p.poll() is None for p in spies.values()):
         result = run_config(stub, prompts, batch, max_new, k, draft_model)
-        rounds += 1
-    return {"tok_s": result["tok_s"], "rounds": rounds, "token_ids": result["token_ids"]}
+    return result
 
 
 def main() -> None:
@@ -159,11 +160,11 @@ def main() -> None:
                     if k:
                         metrics[f"{label}_outputs_differ"] = sum(a != b for a, b in zip(served["token_ids"], reference))
                     for name, process in spies.items():
-                        _, errors = process.communicate()
+                        process.wait()
                         key = f"{label}_{name.replace('-', '_')}"
                         if process.returncode != 0 or not raws[name].exists():
                             metrics[f"{key}_spy_failed"] = 1.0
-                            details[key] = {"error": errors.strip()[-2000:]}
+                            details[key] = {"error": raws[name].with_suffix(".log").read_text().strip()[-2000:]}
                             continue
                         summary = summarize(raws[name], args.seconds, args.rate)
                         metrics[f"{key}_busy_fraction"] = summary.pop("busy_fraction")

@@ -41,19 +41,18 @@ def test_the_gateway_gives_up_on_unreachable_services_after_its_connect_timeout(
     assert "the target at 127.0.0.1:1 did not answer within 0.3 s" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize(("main", "argv"), [
-    (target_main, ["--device", "cpu", "--port", "99999"]),
-    (draft_main, ["--device", "cpu", "--metrics-port", "70000"]),
-    (gateway_main, ["--target", "127.0.0.1:1", "--http-port", "65536"]),
-    (gateway_main, ["--target", "127.0.0.1:1", "--port", "http"]),
+@pytest.mark.parametrize(("main", "argv", "message"), [
+    (target_main, ["--device", "cpu", "--port", "99999"], "argument --port: port 99999 is out of range: 0-65535"),
+    (draft_main, ["--device", "cpu", "--metrics-port", "70000"], "argument --metrics-port: port 70000 is out of range"),
+    (gateway_main, ["--target", "127.0.0.1:1", "--http-port", "65536"], "argument --http-port: port 65536 is out of range"),
+    (gateway_main, ["--target", "127.0.0.1:1", "--port", "http"], "argument --port: 'http' is not a port number"),
 ])
-def test_a_port_out_of_range_is_refused_not_wrapped_around(main, argv, capsys):
+def test_a_port_out_of_range_is_refused_not_wrapped_around(main, argv, message, capsys):
     """gRPC binds a port past 65535 modulo 65536 (99999 became 34463) without a word."""
     with pytest.raises(SystemExit) as exit_info:
         main(argv)
     assert exit_info.value.code == 2
-    error = capsys.readouterr().err
-    assert "out of range: 0-65535" in error or "is not a port number" in error
+    assert message in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(("main", "argv", "message"), [
