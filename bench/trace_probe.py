@@ -6,8 +6,9 @@ would, with these calls timed (host wall clock, time.perf_counter_ns: CLOCK_MONO
 timeline for every process on the machine):
   gateway: gw.propose, gw.verify (a step's two round trips, as the speculative loop awaits them);
   target:  tgt.verify (engine call: the batching loop's hand-offs + the work), tgt.process (the
-           worker's work: inputs, forward, verification), runner.forward (to the launch of the graph),
-           tgt.readback (the greedy verification: its argmax read back, so it ends once the GPU has);
+           worker's work: inputs, forward, verification), runner.forward (the forward; with the greedy read back
+           where the caller asks for it),
+           tgt.readback (a graph replay with its argmax read back, so it ends once the GPU has);
   draft:   dft.propose, dft.process, dft.loop (as the target's), dft.readback (the proposals' read back);
   both:    gpu.replay (a CUDA graph's device time, from events around its replay; its start and end
            are the host times its replay was called and its events were seen done).
@@ -119,14 +120,16 @@ def install(module: str, recorder: Recorder) -> None:
         return
     from engine.model_runner import ModelRunner
 
-    _patch(recorder, ModelRunner, "forward", "runner.forward")
+    _patch(recorder, ModelRunner, "_forward", "runner.forward")  # forward and forward_greedy
     _patch_replays(recorder)
     if module == "target_service":
         import engine.target_engine
 
         _patch(recorder, engine.target_engine.TargetEngine, "verify", "tgt.verify")
         _patch(recorder, engine.target_engine.TargetEngine, "_process", "tgt.process")
-        _patch(recorder, engine.target_engine, "verify_greedy", "tgt.readback")  # a module function: its caller's name
+        from engine.cuda_graphs import CudaGraphRunner
+
+        _patch(recorder, CudaGraphRunner, "run_greedy", "tgt.readback")  # the replay and its argmax read back
     else:
         from engine.draft_loop import DraftLoop, _DeviceLoop
         from engine.model_drafter import ModelDrafter

@@ -58,6 +58,9 @@ class _Graph:
     graph: torch.cuda.CUDAGraph
     inputs: StaticInputs
     logits: torch.Tensor  # [b * q, vocab] static output
+    # decode/verify graphs: every row's argmax token, computed in the graph, and its pinned host mirror
+    greedy: torch.Tensor | None = None  # [b * q]
+    host_greedy: torch.Tensor | None = None
 
 
 class CudaGraphRunner:
@@ -98,14 +101,27 @@ class CudaGraphRunner:
 
     def run(self, steps: list[StepInput]) -> list[torch.Tensor]:
         """Replays the bucket's graph for steps whose KV slots are reserved; [num_logits, vocab] each."""
+        graph, q = self._replay(steps)
+        return [graph.logits[start: end] for start, end in _logit_rows(steps, q)]
+
+    def run_greedy(self, steps: list[StepInput]) -> tuple[list[torch.Tensor], list[list[int]]]:
+        """`run`, plus each step's argmax tokens (one per logit row): computed in the graph, read back
+        in one copy and one wait for the whole batch, not an argmax kernel and a read back per step."""
+        graph, q = self._replay(steps)
+        graph.host_greedy.copy_(graph.greedy, non_blocking=True)
+        torch.cuda.current_stream().synchronize()
+        ids = graph.host_greedy.tolist()
+        rows = _logit_rows(steps, q)
+        return [graph.logits[start: end] for start, end in rows], [ids[start: end] for start, end in rows]
+
+    def _replay(self, steps: list[StepInput]) -> tuple[_Graph, int]:
         b = _bucket(self._config.batch_buckets, len(steps))
         q = _bucket(self._config.query_buckets, max(len(s.token_ids) for s in steps))
         graph = self._graphs[(b, q)]
         graph.inputs.fill(steps)
         graph.graph.replay()
         self.num_replays += 1
-        return [graph.logits[i * q + len(s.token_ids) - s.num_logits: i * q + len(s.token_ids)]
-                for i, s in enumerate(steps)]
+        return graph, q
 
     def can_prefill(self, steps: list[StepInput]) -> bool:
         """Whether `steps` are prefill chunks (at most one logit each) the prefill graphs take."""
@@ -131,9 +147,14 @@ class CudaGraphRunner:
 
     def _capture(self, b: int, q: int) -> _Graph:
         inputs = StaticInputs(b, q, self._max_blocks, self._kv.block_size, self._device)
-        graph, logits = capture(lambda: self._model(inputs.batch, self._kv, self._attention), self._pool)
+
+        def step() -> tuple[torch.Tensor, torch.Tensor]:
+            logits = self._model(inputs.batch, self._kv, self._attention)
+            return logits, logits.argmax(-1)
+
+        graph, (logits, greedy) = capture(step, self._pool)
         self.num_captures += 1
-        return _Graph(graph, inputs, logits)
+        return _Graph(graph, inputs, logits, greedy, torch.empty_like(greedy, device="cpu", pin_memory=True))
 
 
 class StaticInputs:
@@ -227,6 +248,11 @@ def capture(fn: Callable[[], T], pool: tuple) -> tuple[torch.cuda.CUDAGraph, T]:
     with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
         out = fn()
     return graph, out
+
+
+def _logit_rows(steps: list[StepInput], q: int) -> list[tuple[int, int]]:
+    """Each step's logit rows in a replay padded to q tokens a sequence: its last num_logits tokens."""
+    return [(i * q + len(s.token_ids) - s.num_logits, i * q + len(s.token_ids)) for i, s in enumerate(steps)]
 
 
 def _bucket(buckets: tuple[int, ...], n: int) -> int:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
 import math
 from collections.abc import Callable, Iterator
@@ -182,10 +183,19 @@ class ModelRunner:
 
     def forward(self, steps: list[StepInput]) -> list[torch.Tensor]:
         """Appends each step's tokens to its sequence's KV; returns [num_logits, vocab] per step."""
+        return self._forward(steps, greedy=False)[0]
+
+    def forward_greedy(self, steps: list[StepInput]) -> tuple[list[torch.Tensor], list[list[int]]]:
+        """`forward`, plus the argmax token of each of a step's logit rows, read back for all the steps
+        at once (in a decode/verify graph computed by the graph itself)."""
+        return self._forward(steps, greedy=True)
+
+    def _forward(self, steps: list[StepInput], greedy: bool) -> tuple[list[torch.Tensor], list[list[int]] | None]:
         for step in steps:
             step.kv.reserve(len(step.token_ids))
+        ids = None
         if self.graphs is not None and self.graphs.can_run(steps):
-            per_step = self.graphs.run(steps)
+            per_step, ids = self.graphs.run_greedy(steps) if greedy else (self.graphs.run(steps), None)
         elif self.graphs is not None and self.graphs.can_prefill(steps):
             per_step = [self.graphs.prefill(step) for step in steps]
         else:
@@ -194,7 +204,9 @@ class ModelRunner:
             per_step = list(logits.split([s.num_logits for s in steps]))
         for step in steps:
             step.kv.commit(len(step.token_ids))
-        return per_step
+        if greedy and ids is None:
+            ids = _argmax_rows(per_step)
+        return per_step, ids
 
     def forward_groups(self, steps: list[StepInput]) -> list[list[int]]:
         """Which of `steps` to run in one forward together, as index lists in order.
@@ -224,6 +236,15 @@ class ModelRunner:
             groups[-1].append(i)
             rows += n
         return groups + long
+
+
+def _argmax_rows(per_step: list[torch.Tensor]) -> list[list[int]]:
+    """Each step's logit rows' argmax tokens, in one kernel and one read back for all of them."""
+    if not any(len(rows) for rows in per_step):
+        return [[] for _ in per_step]
+    ids = torch.cat(per_step).argmax(-1).tolist()
+    ends = list(itertools.accumulate(len(rows) for rows in per_step))
+    return [ids[end - len(rows): end] for rows, end in zip(per_step, ends)]
 
 
 def kv_tokens_for_memory(free_bytes: int, fraction: float, bytes_per_token: int) -> int:

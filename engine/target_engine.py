@@ -154,7 +154,7 @@ class TargetEngine:
         step = _step_input(job, self.config.max_num_batched_tokens, None, first_prefill=True)
         self.runner.forward_groups([step])
         rehearsal.fill(step)
-        verify_greedy(job.draft_ids, rehearsal.logits)
+        verify_greedy(job.draft_ids, rehearsal.logits.argmax(-1).tolist())
 
     def release(self, seq: TargetSequence) -> None:
         """Frees the sequence's KV blocks (after any batch that uses them has finished)."""
@@ -188,9 +188,13 @@ class TargetEngine:
         for group in self.runner.forward_groups([step for _, step in entries]):
             chosen = [entries[g] for g in group]
             start = time.perf_counter_ns()
-            logits = self.runner.forward([step for _, step in chosen])
-            committed = {i: _commit(jobs[i], step_logits)  # a finished prefill or a verify; reading waits for the GPU
-                         for (i, step), step_logits in zip(chosen, logits) if step.num_logits}
+            group_steps = [step for _, step in chosen]
+            if any(jobs[i].seq.sampling.is_greedy for i, _ in chosen):  # one read back of the argmax for all
+                logits, greedy_ids = self.runner.forward_greedy(group_steps)
+            else:
+                logits, greedy_ids = self.runner.forward(group_steps), [None] * len(chosen)
+            committed = {i: _commit(jobs[i], step_logits, ids)  # a finished prefill or a verify
+                         for (i, step), step_logits, ids in zip(chosen, logits, greedy_ids) if step.num_logits}
             timing = StepTiming(time.perf_counter_ns() - start, len(group))
             self.num_forwards += 1
             self.num_sequence_steps += len(group)
@@ -222,15 +226,16 @@ def _step_input(job: _Job, budget: int, chunk_multiple: int | None, first_prefil
     return StepInput(seq.kv, seq.token_ids[start:end], num_logits=1 if end == len(seq.token_ids) else 0)
 
 
-def _commit(job: _Job, logits: torch.Tensor) -> Verification:
+def _commit(job: _Job, logits: torch.Tensor, greedy_ids: list[int] | None) -> Verification:
+    """`greedy_ids`: the argmax token of each of `logits`' rows (read back already; greedy sequences)."""
     seq, sampling = job.seq, job.seq.sampling
     position = len(seq.token_ids)  # of the first new token
     if job.draft_ids is None:
-        first = int(logits[-1].argmax()) if sampling.is_greedy else sample_token(logits[-1], sampling, position)
+        first = greedy_ids[-1] if sampling.is_greedy else sample_token(logits[-1], sampling, position)
         seq.token_ids.append(first)
         return Verification(num_accepted=0, committed_ids=[first])
     if sampling.is_greedy:
-        verification = verify_greedy(job.draft_ids, logits)
+        verification = verify_greedy(job.draft_ids, greedy_ids)
     else:
         verification = verify_sampled(job.draft_ids, job.draft_probs or [], logits, sampling, position)
     seq.token_ids += verification.committed_ids

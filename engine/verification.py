@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
 
 @dataclass(frozen=True)
 class Verification:
@@ -21,10 +19,9 @@ class Verification:
 
 def verify_greedy(
     draft_ids: list[int],  # [k] proposed tokens
-    target_logits: torch.Tensor,  # [k + 1, vocab] target logits; row i predicts the token after draft i-1
+    target_ids: list[int],  # [k + 1] the target's argmax tokens; token i is its choice after draft i-1
 ) -> Verification:
-    assert target_logits.shape[0] == len(draft_ids) + 1, "need k + 1 logit rows for k drafts"
-    target_ids = target_logits.argmax(dim=-1).tolist()  # one kernel and one read back, whatever k
+    assert len(target_ids) == len(draft_ids) + 1, "need the target's k + 1 tokens for k drafts"
     num_accepted = next((i for i, (d, t) in enumerate(zip(draft_ids, target_ids)) if d != t), len(draft_ids))
     # the accepted drafts equal the target's own tokens; then one more of its own
     return Verification(num_accepted=num_accepted, committed_ids=target_ids[: num_accepted + 1])

@@ -168,16 +168,16 @@ def test_fused_engine_computes_a_request_alike_beside_another_prefill(model_dirs
     runner = ModelRunner(RuntimeConfig(model=str(model_dirs["target"]), device=device, kv_cache_tokens=2048,
                                        layer_kernels="fused", attention_backend="triton"))
     recorded: dict[tuple[int, ...], list[torch.Tensor]] = {}
-    forward = runner.forward
+    forward = runner.forward_greedy  # the engine's forward for greedy requests
 
     def recording_forward(steps):
-        out = forward(steps)
+        out, ids = forward(steps)
         for step, logits in zip(steps, out):
             if step.num_logits:
                 recorded.setdefault(tuple(step.token_ids), []).append(logits.clone())
-        return out
+        return out, ids
 
-    runner.forward = recording_forward
+    runner.forward_greedy = recording_forward
     phases: list[str] = []
 
     class Phases:

@@ -57,6 +57,18 @@ def test_varlen_batch_equals_sequences_run_alone(model_dir):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
 
 
+def test_greedy_forward_reads_back_every_steps_argmax_at_once(model_dir):
+    runner = ModelRunner(RuntimeConfig(model=str(model_dir), kv_cache_tokens=512, kv_block_size=4))
+    prompts = [list(range(5, 5 + n)) for n in (1, 7, 16, 3)]
+    num_logits = [1, 3, 0, 2]  # a chunk with no logits among them
+    steps = [StepInput(runner.kv.new_sequence(), p, n) for p, n in zip(prompts, num_logits)]
+    logits, ids = runner.forward_greedy(steps)
+    assert ids == [rows.argmax(-1).tolist() for rows in logits]
+    assert [len(i) for i in ids] == num_logits and all(type(t) is int for i in ids for t in i)
+    [none], [no_ids] = runner.forward_greedy([StepInput(steps[2].kv, [9, 10], 0)])
+    assert none.shape[0] == 0 and no_ids == []
+
+
 @pytest.mark.parametrize("kernels", ["fused", "layer"])  # layer: a decoder layer one kernel (engine/triton_layer.py)
 def test_fused_layer_kernels_compute_the_reference_logits(model_dir, kernels):
     """engine/fused_stages (Triton, interpreted on CPU) on a decode and a verify step; prefill (more
