@@ -8,7 +8,7 @@ timeline for every process on the machine):
   target:  tgt.verify (engine call: the batching loop's hand-offs + the work), tgt.process (the
            worker's work: inputs, forward, verification), runner.forward (the forward; with the greedy read back
            where the caller asks for it),
-           tgt.readback (a graph replay with its argmax read back, so it ends once the GPU has);
+           tgt.readback (the argmax tokens' read back, so it ends once the GPU has);
   draft:   dft.propose, dft.process, dft.loop (as the target's), dft.readback (the proposals' read back);
   both:    gpu.replay (a CUDA graph's device time, from events around its replay; its start and end
            are the host times its replay was called and its events were seen done).
@@ -127,9 +127,9 @@ def install(module: str, recorder: Recorder) -> None:
 
         _patch(recorder, engine.target_engine.TargetEngine, "verify", "tgt.verify")
         _patch(recorder, engine.target_engine.TargetEngine, "_process", "tgt.process")
-        from engine.cuda_graphs import CudaGraphRunner
+        from engine.cuda_graphs import GreedyIds
 
-        _patch(recorder, CudaGraphRunner, "run_greedy", "tgt.readback")  # the replay and its argmax read back
+        _patch(recorder, GreedyIds, "get", "tgt.readback")  # the argmax tokens' read back
     else:
         from engine.draft_loop import DraftLoop, _DeviceLoop
         from engine.model_drafter import ModelDrafter

@@ -1,4 +1,4 @@
-"""Collects jobs from concurrent requests and runs them in batches on one worker thread.
+"""Collects jobs from concurrent requests and runs them in batches, one batch at a time.
 
 Jobs that arrive while a batch is running form the next batch, so requests join and leave
 between iterations (continuous batching at the granularity of one engine step).
@@ -8,17 +8,20 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
+
+from engine.gpu_work import GpuWork, run_polling, run_to_end
 
 J = TypeVar("J")
 R = TypeVar("R")
 
 # process(jobs) returns one result per job: an Exception fails only that job, None means the
-# job is unfinished (e.g. a prefill chunk) and runs again in the next iteration
-ProcessFn = Callable[[list[J]], list["R | Exception | None"]]
+# job is unfinished (e.g. a prefill chunk) and runs again in the next iteration. It may be a generator
+# (engine/gpu_work.py) that yields what its read backs wait for and returns the results.
+ProcessFn = Callable[[list[J]], "list[R | Exception | None] | GpuWork[list[R | Exception | None]]"]
 MIXED_PHASE = "mixed"  # a batch whose jobs are of different phases (e.g. verifies and a prefill chunk)
 
 
@@ -85,17 +88,19 @@ class BatchingLoop(Generic[J, R]):
                  inline: Callable[[], AbstractContextManager] | None = None) -> None:
         """`phase_of(job)` names a job's phase for the observer ("prefill", "verify", "propose").
 
-        `inline`: the job of a caller alone (one request decoding, no other stream open) runs on the
-        event loop's thread, inside `inline()` (e.g. ModelRunner.on_calling_thread), instead of the
-        worker's: with no one else to serve, blocking the loop for the forward costs nothing, and the
-        two thread hand-offs a batch pays (each a thread wake-up, 70-220 us on the CPU) are gone. Only
-        when no work handed to the worker (run_serialized) is pending, so the model is still touched by
-        one thread at a time. Batches of several streams stay on the worker: run inline they made 8
-        streams ~20 % slower on the H200 (bench/rpc_overhead.py: target-only 947 -> 791 tok/s). None:
-        every batch runs on the worker (on CPU always: a second thread would build a second OpenMP
-        pool; see torch_thread). With no batch running or waiting, such a caller's job after its first
-        runs in its own task, inside `submit`, not handed to the loop's task and back: two event-loop
-        iterations fewer a job (a submit with a no-op process: 17.7 -> 2.7-4.1 us on the 2-vCPU VM).
+        `inline` (a model on a GPU): every batch runs on the event loop's thread, inside `inline()` (e.g.
+        ModelRunner.on_calling_thread), not on the worker: no thread hand-offs (each a thread wake-up,
+        70-220 us on the CPU, two a batch) and no second thread contending for the GIL. A caller alone (one
+        request decoding, no other stream open) has its batch's device time waited for in place: with no
+        one else to serve, blocking the loop costs nothing. With several streams open the loop polls the
+        batch's GPU work (engine/gpu_work.run_polling) and serves the other requests' messages meanwhile:
+        blocking the loop for the forward instead made 8 streams ~20 % slower on the H200
+        (bench/rpc_overhead.py: target-only 947 -> 791 tok/s). Work handed over between batches
+        (run_serialized: a released sequence's KV) runs on the loop's thread too, once no batch is in
+        flight. None (a model on the CPU): every batch runs on the worker (a second thread would build a
+        second OpenMP pool; see torch_thread). With no batch running or waiting, a lone caller's job after
+        its first runs in its own task, inside `submit`, not handed to the loop's task and back: two
+        event-loop iterations fewer a job (a submit with a no-op process: 17.7 -> 2.7-4.1 us on the 2-vCPU VM).
 
         Lingering: while callers answered by earlier batches are due back with their next job
         (ReturningCallers), the next batch waits for them - at most as long as the last batch took
@@ -119,8 +124,8 @@ class BatchingLoop(Generic[J, R]):
         # the single worker thread is the only place the model and KV pool are touched
         self.executor = executor or torch_thread()
         self._inline = inline
-        self._serialized: Future | None = None  # the last work handed to the worker between batches
-        self._on_worker = False  # a batch is running on the worker thread
+        self._deferred: list[Callable[[], None]] = []  # run_serialized's work waiting for the batch in flight
+        self._running = False  # a batch is in flight (on the worker, or polled on the loop)
         self._stopped = False
         self._task: asyncio.Task[None] | None = None
 
@@ -138,7 +143,7 @@ class BatchingLoop(Generic[J, R]):
         loop = asyncio.get_running_loop()
         caller = asyncio.current_task()
         returning = self._callers.submitted(caller, loop.time())
-        if returning and self._runs_inline(1) and not (self._pending or self._on_worker or self._stopped):
+        if returning and self._is_alone() and not (self._pending or self._running or self._stopped):
             # a caller back alone, nothing else in flight: its job runs here, in its own task, not handed
             # to the loop's task and back (a first job goes there: others may join it in this iteration)
             [result] = self._run_inline([job])
@@ -153,11 +158,18 @@ class BatchingLoop(Generic[J, R]):
         return await future
 
     def run_serialized(self, fn: Callable[[], None]) -> None:
-        """Runs `fn` on the worker thread between batches (e.g. freeing a sequence's KV); once the
-        loop has stopped, not at all (streams cancelled by a shutdown free state that goes with the
-        process, and the worker takes no more work)."""
-        if not self._stopped:
-            self._serialized = self.executor.submit(fn)
+        """Runs `fn` between batches (e.g. freeing a sequence's KV) where the batches run: on the worker
+        thread, or with `inline` on the loop's (at once, or after the batch in flight); once the loop has
+        stopped, not at all (streams cancelled by a shutdown free state that goes with the process, and
+        the worker takes no more work)."""
+        if self._stopped:
+            return
+        if self._inline is None:
+            self.executor.submit(fn)  # the worker runs it between batches, in order
+        elif self._running:
+            self._deferred.append(fn)
+        else:
+            fn()
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -172,22 +184,26 @@ class BatchingLoop(Generic[J, R]):
                 if not batch:
                     continue
                 jobs = [job for job, _, _ in batch]
-                if self._runs_inline(len(batch)):
+                if self._inline is not None and self._is_alone():
                     results = self._run_inline(jobs)
                 else:
-                    self._on_worker = True
+                    self._running = True
                     try:
-                        results, duration_ns = await loop.run_in_executor(self.executor, self._timed_process, jobs)
+                        if self._inline is not None:
+                            results, duration_ns = await self._polled_process(jobs)
+                        else:
+                            results, duration_ns = await loop.run_in_executor(self.executor, self._timed_process, jobs)
                     except Exception as e:  # a bug in process: fail this batch, keep serving
                         results = [e] * len(batch)
                     else:
                         self._ran(jobs, duration_ns)
                     finally:
-                        self._on_worker = False
+                        self._running = False
+                        self._run_deferred()
                 self._answer(batch, results)
 
     def _run_inline(self, jobs: list[J]) -> list[R | Exception | None]:
-        """Runs a batch on the event loop's thread, inside `inline()`."""
+        """Runs a batch on the event loop's thread, inside `inline()`, its GPU waits blocking."""
         try:
             with self._inline():
                 results, duration_ns = self._timed_process(jobs)
@@ -195,6 +211,19 @@ class BatchingLoop(Generic[J, R]):
             return [e] * len(jobs)
         self._ran(jobs, duration_ns)
         return results
+
+    async def _polled_process(self, jobs: list[J]) -> tuple[list[R | Exception | None], int]:
+        """Runs a batch on the event loop's thread, the loop serving other callbacks while its GPU work runs."""
+        start = time.perf_counter_ns()
+        with self._inline():
+            work = self._process(jobs)
+        results = await run_polling(work, self._inline)
+        return results, time.perf_counter_ns() - start
+
+    def _run_deferred(self) -> None:
+        deferred, self._deferred = self._deferred, []
+        for fn in deferred:
+            fn()
 
     def _ran(self, jobs: list[J], duration_ns: int) -> None:
         self._last_batch_s = duration_ns / 1e9
@@ -217,9 +246,9 @@ class BatchingLoop(Generic[J, R]):
                 self._callers.answered(caller, now)
         self._pending[:0] = unfinished  # older jobs first
 
-    def _runs_inline(self, num_jobs: int) -> bool:
-        return (self._inline is not None and num_jobs == 1 and self._callers.num_live() <= 1
-                and (self._serialized is None or self._serialized.done()))
+    def _is_alone(self) -> bool:
+        """Whether a batch may run inline with blocking GPU waits: on the loop's thread, one stream open."""
+        return self._inline is not None and self._callers.num_live() <= 1
 
     async def _linger(self) -> None:
         """Waits while a full batch is not pending and callers answered earlier are due back within
@@ -246,7 +275,7 @@ class BatchingLoop(Generic[J, R]):
 
     def _timed_process(self, jobs: list[J]) -> tuple[list[R | Exception | None], int]:
         start = time.perf_counter_ns()
-        results = self._process(jobs)
+        results = run_to_end(self._process(jobs))
         return results, time.perf_counter_ns() - start
 
     def _observe(self, jobs: list[J], duration_ns: int) -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
@@ -58,9 +59,44 @@ class _Graph:
     graph: torch.cuda.CUDAGraph
     inputs: StaticInputs
     logits: torch.Tensor  # [b * q, vocab] static output
-    # decode/verify graphs: every row's argmax token, computed in the graph, and its pinned host mirror
+    # decode/verify graphs: every row's argmax token, computed in the graph, its pinned host mirror, and
+    # an event recorded after each copy into it
     greedy: torch.Tensor | None = None  # [b * q]
     host_greedy: torch.Tensor | None = None
+    copied: torch.cuda.Event | None = None
+
+
+@dataclass
+class GreedyIds:
+    """Each step's argmax tokens on their way to the host: `ready` is recorded after the copy (None:
+    there already)."""
+
+    host: torch.Tensor  # every row's token, flat (pinned on CUDA)
+    rows: list[tuple[int, int]]  # each step's rows in `host`
+    ready: torch.cuda.Event | None
+
+    @classmethod
+    def of(cls, per_step: list[torch.Tensor]) -> GreedyIds:
+        """Starts the read back of each step's logit rows' argmax tokens, one kernel and one copy for all."""
+        ends = list(itertools.accumulate(len(rows) for rows in per_step))
+        rows = [(end - len(logits), end) for logits, end in zip(per_step, ends)]
+        if not ends or not ends[-1]:
+            return cls(torch.zeros(0, dtype=torch.long), rows, None)
+        ids = torch.cat(per_step).argmax(-1)
+        if not ids.is_cuda:
+            return cls(ids, rows, None)
+        host = torch.empty(ids.shape, dtype=ids.dtype, pin_memory=True)
+        host.copy_(ids, non_blocking=True)
+        ready = torch.cuda.Event()
+        ready.record()
+        return cls(host, rows, ready)
+
+    def get(self) -> list[list[int]]:
+        """Each step's tokens, as Python ints (waits for the copy, if it has not ended)."""
+        if self.ready is not None:
+            self.ready.synchronize()
+        ids = self.host.tolist()
+        return [ids[start: end] for start, end in self.rows]
 
 
 class CudaGraphRunner:
@@ -104,15 +140,15 @@ class CudaGraphRunner:
         graph, q = self._replay(steps)
         return [graph.logits[start: end] for start, end in _logit_rows(steps, q)]
 
-    def run_greedy(self, steps: list[StepInput]) -> tuple[list[torch.Tensor], list[list[int]]]:
-        """`run`, plus each step's argmax tokens (one per logit row): computed in the graph, read back
-        in one copy and one wait for the whole batch, not an argmax kernel and a read back per step."""
+    def run_greedy(self, steps: list[StepInput]) -> tuple[list[torch.Tensor], GreedyIds]:
+        """`run`, plus each step's argmax tokens (one per logit row) on their way to the host: computed in
+        the graph, one copy for the whole batch, not an argmax kernel and a read back per step. Read them
+        before the next replay of this bucket."""
         graph, q = self._replay(steps)
         graph.host_greedy.copy_(graph.greedy, non_blocking=True)
-        torch.cuda.current_stream().synchronize()
-        ids = graph.host_greedy.tolist()
+        graph.copied.record()
         rows = _logit_rows(steps, q)
-        return [graph.logits[start: end] for start, end in rows], [ids[start: end] for start, end in rows]
+        return [graph.logits[start: end] for start, end in rows], GreedyIds(graph.host_greedy, rows, graph.copied)
 
     def _replay(self, steps: list[StepInput]) -> tuple[_Graph, int]:
         b = _bucket(self._config.batch_buckets, len(steps))
@@ -154,7 +190,8 @@ class CudaGraphRunner:
 
         graph, (logits, greedy) = capture(step, self._pool)
         self.num_captures += 1
-        return _Graph(graph, inputs, logits, greedy, torch.empty_like(greedy, device="cpu", pin_memory=True))
+        return _Graph(graph, inputs, logits, greedy, torch.empty_like(greedy, device="cpu", pin_memory=True),
+                      torch.cuda.Event())
 
 
 class StaticInputs:

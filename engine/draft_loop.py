@@ -26,6 +26,7 @@ from tqdm import tqdm
 
 from engine.batch import ForwardBatch, StepInput
 from engine.cuda_graphs import StaticInputs, buckets_covering, capture
+from engine.gpu_work import GpuWork, run_to_end
 from engine.kv_cache import SCRATCH_BLOCK
 from engine.model_runner import POSITION_HEADROOM, ModelRunner
 from engine.sampling import Distribution, SamplingParams, as_int64, sample_draft
@@ -83,6 +84,7 @@ class _DeviceLoop:
     # host mirrors of `outputs` (pinned on CUDA): a proposal's rows come back in one copy each and one wait
     host_outputs: tuple[torch.Tensor, ...]
     graphs: list[torch.cuda.CUDAGraph] = field(default_factory=list)  # `steps` captured (CUDA)
+    copied: torch.cuda.Event | None = None  # CUDA: recorded after each copy into the host mirrors
 
     def run(self, k: int) -> None:
         """Steps 0..k-1: replays of their graphs where captured, else the steps themselves."""
@@ -93,13 +95,19 @@ class _DeviceLoop:
             for step in self.steps[:k]:
                 step()
 
-    def read(self, k: int) -> list[np.ndarray]:
-        """Rows 0..k-1 of each output on the host: contiguous copies into the pinned mirrors, then one
-        wait (not `tolist` on a device view, which adds a gather kernel and a pageable copy)."""
+    def start_read(self, k: int) -> torch.cuda.Event | None:
+        """Starts copying rows 0..k-1 of each output to the host: contiguous copies into the pinned mirrors
+        (not `tolist` on a device view, which adds a gather kernel and a pageable copy); what `read` waits for."""
         for host, out in zip(self.host_outputs, self.outputs):
             host[:k].copy_(out[:k], non_blocking=True)
-        if self.outputs[0].is_cuda:
-            torch.cuda.current_stream().synchronize()
+        if self.copied is not None:
+            self.copied.record()
+        return self.copied
+
+    def read(self, k: int) -> list[np.ndarray]:
+        """Rows 0..k-1 of each output on the host, once `start_read`'s copies have ended (one wait)."""
+        if self.copied is not None:
+            self.copied.synchronize()
         return [host[:k].numpy() for host in self.host_outputs]
 
 
@@ -128,10 +136,15 @@ class DraftLoop:
 
         Every proposed token but the last is fed back (its K/V written); the caller reserved nothing.
         """
+        return run_to_end(self.propose_work(steps, num_tokens, sampling))
+
+    def propose_work(self, steps: list[StepInput], num_tokens: list[int],
+                     sampling: list[SamplingParams] | None = None) -> GpuWork[list[Proposal]]:
+        """`propose`, yielding before the device loop's read back (engine/gpu_work.py)."""
         sampling = sampling or [SamplingParams()] * len(steps)
         k = max(num_tokens)
         if self._device_loop and len(steps) <= self._config.batch_buckets[-1] and k <= self._config.max_steps:
-            tokens, probs = self._propose_graphed(steps, k, sampling)
+            tokens, probs = yield from self._propose_graphed(steps, k, sampling)
         else:
             tokens, probs = self._propose_stepwise(steps, num_tokens, sampling)
         return [Proposal(t[:n], [] if s.is_greedy else p[:n]) for t, p, n, s in zip(tokens, probs, num_tokens, sampling)]
@@ -170,7 +183,7 @@ class DraftLoop:
         return token.tolist(), list(zip(ids.tolist(), q.tolist()))
 
     def _propose_graphed(self, steps: list[StepInput], k: int, sampling: list[SamplingParams]
-                         ) -> tuple[list[list[int]], list[list[Distribution]]]:
+                         ) -> GpuWork[tuple[list[list[int]], list[list[Distribution]]]]:
         q_max = self._config.first_query_buckets[-1]
         long = [s for s in steps if len(s.token_ids) > q_max]
         if long:  # catch up on everything but the last pending token first (rare: after k = 0 steps)
@@ -193,6 +206,7 @@ class DraftLoop:
             loop.params.fill(sampling)
         loop.run(k)
         self.num_graph_replays += bool(loop.graphs)
+        yield loop.start_read(k)
         n = len(steps)
         outputs = [out[:, :n].swapaxes(0, 1) for out in loop.read(k)]  # [n, k] (+ [n, k, c]); the host sync
         tokens = outputs[0].tolist()
@@ -262,7 +276,7 @@ class DraftLoop:
         pin = device.type == "cuda"
         host_outputs = tuple(torch.empty(out.shape, dtype=out.dtype, pin_memory=pin) for out in outputs)
         return _DeviceLoop(inputs, params, outputs, [functools.partial(run_step, j) for j in range(c.max_steps)],
-                           host_outputs)
+                           host_outputs, copied=torch.cuda.Event() if pin else None)
 
 
 def advance_step_reference(token: torch.Tensor, base: torch.Tensor, j: int, block_tables: torch.Tensor,

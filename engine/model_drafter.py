@@ -30,6 +30,7 @@ from engine.batch import StepInput
 from engine.batching_loop import BatchingLoop, ForwardObserver
 from engine.draft_loop import DraftLoop, LoopConfig
 from engine.drafter import DraftSequence, ProposeTiming, check_propose
+from engine.gpu_work import GpuWork
 from engine.kv_cache import KVAdmission
 from engine.limits import check_new_sequence
 from engine.model_runner import ModelRunner
@@ -176,8 +177,9 @@ class ModelDrafter:
                 "num_waiting_sequences": self.admission.num_waiting,
                 "num_kv_blocks_total": allocator.num_blocks, "kv_block_size": self.runner.kv.block_size}
 
-    def _process(self, jobs: list[_Job]) -> list[tuple[list[int], ProposeTiming] | Exception]:
-        """Worker thread: prefill the new sequences, then one batched proposal loop for the rest."""
+    def _process(self, jobs: list[_Job]) -> GpuWork[list[tuple[list[int], ProposeTiming] | Exception]]:
+        """Prefill the new sequences, then one batched proposal loop for the rest; yields before its read
+        back (engine/gpu_work.py: the batching loop may serve others while the GPU works)."""
         start = time.perf_counter_ns()
         results: list[tuple[list[int], ProposeTiming] | Exception | None] = []
         prefills: list[StepInput] = []
@@ -202,9 +204,11 @@ class ModelDrafter:
             self.runner.forward(prefills)
             self._counters["num_forwards"] += 1
             self._counters["num_sequence_steps"] += len(prefills)
-        proposals = self.draft_loop.propose([step for _, _, step in proposing],
-                                            [job.num_draft_tokens for _, job, _ in proposing],
-                                            [job.seq.sampling for _, job, _ in proposing]) if proposing else []
+        proposals = []
+        if proposing:
+            proposals = yield from self.draft_loop.propose_work([step for _, _, step in proposing],
+                                                                [job.num_draft_tokens for _, job, _ in proposing],
+                                                                [job.seq.sampling for _, job, _ in proposing])
         timing = ProposeTiming(time.perf_counter_ns() - start)
         for (index, job, _), proposal in zip(proposing, proposals):
             if not job.is_ahead:

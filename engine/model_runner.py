@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import functools
-import itertools
 import logging
 import math
 from collections.abc import Callable, Iterator
@@ -14,7 +13,7 @@ import torch
 
 from engine.attention import paged_attention_reference
 from engine.batch import StepInput, build_forward_batch
-from engine.cuda_graphs import CudaGraphRunner, GraphConfig
+from engine.cuda_graphs import CudaGraphRunner, GraphConfig, GreedyIds
 from engine.kv_cache import KVCacheConfig, KVPool
 from engine.linear import CUDA_MIN_INT8_OUT_FEATURES, quantize_int8, use_cpu_linear
 from engine.llama import AttentionFn, CausalLM
@@ -185,12 +184,14 @@ class ModelRunner:
         """Appends each step's tokens to its sequence's KV; returns [num_logits, vocab] per step."""
         return self._forward(steps, greedy=False)[0]
 
-    def forward_greedy(self, steps: list[StepInput]) -> tuple[list[torch.Tensor], list[list[int]]]:
-        """`forward`, plus the argmax token of each of a step's logit rows, read back for all the steps
-        at once (in a decode/verify graph computed by the graph itself)."""
-        return self._forward(steps, greedy=True)
+    def forward_greedy(self, steps: list[StepInput]) -> tuple[list[torch.Tensor], GreedyIds]:
+        """`forward`, plus the argmax token of each of a step's logit rows, on their way to the host for all
+        the steps at once (in a decode/verify graph computed by the graph itself): `GreedyIds.get()` them,
+        after waiting for `GreedyIds.ready` if the caller has other work meanwhile, before the next forward."""
+        per_step, ids = self._forward(steps, greedy=True)
+        return per_step, ids
 
-    def _forward(self, steps: list[StepInput], greedy: bool) -> tuple[list[torch.Tensor], list[list[int]] | None]:
+    def _forward(self, steps: list[StepInput], greedy: bool) -> tuple[list[torch.Tensor], GreedyIds | None]:
         for step in steps:
             step.kv.reserve(len(step.token_ids))
         ids = None
@@ -205,7 +206,7 @@ class ModelRunner:
         for step in steps:
             step.kv.commit(len(step.token_ids))
         if greedy and ids is None:
-            ids = _argmax_rows(per_step)
+            ids = GreedyIds.of(per_step)
         return per_step, ids
 
     def forward_groups(self, steps: list[StepInput]) -> list[list[int]]:
@@ -236,15 +237,6 @@ class ModelRunner:
             groups[-1].append(i)
             rows += n
         return groups + long
-
-
-def _argmax_rows(per_step: list[torch.Tensor]) -> list[list[int]]:
-    """Each step's logit rows' argmax tokens, in one kernel and one read back for all of them."""
-    if not any(len(rows) for rows in per_step):
-        return [[] for _ in per_step]
-    ids = torch.cat(per_step).argmax(-1).tolist()
-    ends = list(itertools.accumulate(len(rows) for rows in per_step))
-    return [ids[end - len(rows): end] for rows, end in zip(per_step, ends)]
 
 
 def kv_tokens_for_memory(free_bytes: int, fraction: float, bytes_per_token: int) -> int:

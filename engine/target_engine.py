@@ -19,6 +19,7 @@ import torch
 
 from engine.batch import StepInput
 from engine.batching_loop import BatchingLoop, ForwardObserver
+from engine.gpu_work import GpuWork
 from engine.kv_cache import KVAdmission, SequenceKV
 from engine.limits import check_new_sequence
 from engine.model_runner import ModelRunner
@@ -162,8 +163,9 @@ class TargetEngine:
         self._loop.run_serialized(seq.kv.release)
         self.admission.retire(seq.num_promised_blocks)
 
-    def _process(self, jobs: list[_Job]) -> list[_Outcome | Exception | None]:
-        """Worker thread: the verifies, then prefill chunks within the budget, in the runner's forwards.
+    def _process(self, jobs: list[_Job]) -> GpuWork[list[_Outcome | Exception | None]]:
+        """The verifies, then prefill chunks within the budget, in the runner's forwards; yields before each
+        forward's read back (engine/gpu_work.py: the batching loop may serve others while the GPU works).
 
         A prefill whose prompt is not finished by this iteration's chunk returns None (run again).
         Batch-invariant runners (ModelRunner.forward_groups) get prefill chunks cut at multiples of the
@@ -188,13 +190,11 @@ class TargetEngine:
         for group in self.runner.forward_groups([step for _, step in entries]):
             chosen = [entries[g] for g in group]
             start = time.perf_counter_ns()
-            group_steps = [step for _, step in chosen]
-            if any(jobs[i].seq.sampling.is_greedy for i, _ in chosen):  # one read back of the argmax for all
-                logits, greedy_ids = self.runner.forward_greedy(group_steps)
-            else:
-                logits, greedy_ids = self.runner.forward(group_steps), [None] * len(chosen)
+            # every row's argmax comes back in one copy for all (sampled sequences read their logits)
+            logits, greedy = self.runner.forward_greedy([step for _, step in chosen])
+            yield greedy.ready
             committed = {i: _commit(jobs[i], step_logits, ids)  # a finished prefill or a verify
-                         for (i, step), step_logits, ids in zip(chosen, logits, greedy_ids) if step.num_logits}
+                         for (i, step), step_logits, ids in zip(chosen, logits, greedy.get()) if step.num_logits}
             timing = StepTiming(time.perf_counter_ns() - start, len(group))
             self.num_forwards += 1
             self.num_sequence_steps += len(group)
@@ -226,8 +226,8 @@ def _step_input(job: _Job, budget: int, chunk_multiple: int | None, first_prefil
     return StepInput(seq.kv, seq.token_ids[start:end], num_logits=1 if end == len(seq.token_ids) else 0)
 
 
-def _commit(job: _Job, logits: torch.Tensor, greedy_ids: list[int] | None) -> Verification:
-    """`greedy_ids`: the argmax token of each of `logits`' rows (read back already; greedy sequences)."""
+def _commit(job: _Job, logits: torch.Tensor, greedy_ids: list[int]) -> Verification:
+    """`greedy_ids`: the argmax token of each of `logits`' rows (read back already)."""
     seq, sampling = job.seq, job.seq.sampling
     position = len(seq.token_ids)  # of the first new token
     if job.draft_ids is None:

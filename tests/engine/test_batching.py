@@ -14,8 +14,16 @@ from engine.target_engine import TargetEngine, TargetEngineConfig
 PROMPTS = [[5, 6, 7], list(range(20, 41)), [9], list(range(100, 108))]
 
 
-def _runner(model_dir) -> ModelRunner:
-    return ModelRunner(RuntimeConfig(model=str(model_dir), kv_cache_tokens=2048))
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+
+
+def _runner(model_dir, device: str = "cpu") -> ModelRunner:
+    """On CUDA: graphs, and the fused kernels (a row computed alike in any batch), and batches polled on
+    the event loop while several requests are open (engine/batching_loop.py)."""
+    if device == "cpu":
+        return ModelRunner(RuntimeConfig(model=str(model_dir), kv_cache_tokens=2048))
+    return ModelRunner(RuntimeConfig(model=str(model_dir), device=device, kv_cache_tokens=2048, layer_kernels="fused",
+                                     attention_backend="triton"))
 
 
 async def _target_run(engine: TargetEngine, prompt: list[int], drafts: list[list[int]]):
@@ -25,25 +33,31 @@ async def _target_run(engine: TargetEngine, prompt: list[int], drafts: list[list
     return first, [v.committed_ids for v, _ in verifies], prefill_timing.batch_size
 
 
-def test_concurrent_prefills_and_verifies_share_forwards(model_dirs):
+@pytest.mark.parametrize("device", DEVICES)
+def test_concurrent_prefills_and_verifies_share_forwards(model_dirs, device):
     drafts = [[1, 2, 3], [4], [], [7, 7]]
 
     async def main():
-        engine = TargetEngine(_runner(model_dirs["target"]))
+        engine = TargetEngine(_runner(model_dirs["target"], device))
         engine.start()
         together = await asyncio.gather(*(_target_run(engine, p, drafts) for p in PROMPTS))
         forwards_together = engine.num_forwards
         alone = [await _target_run(engine, p, drafts) for p in PROMPTS]
-        await engine.stop()
-        return together, forwards_together, alone
+        await engine.stop()  # after the releases handed to its worker (CPU)
+        return together, forwards_together, alone, engine.stats()["num_kv_blocks_used"]
 
-    together, forwards_together, alone = asyncio.run(main())
-    assert [t[2] for t in together] == [len(PROMPTS)] * len(PROMPTS)  # one prefill forward for all
-    assert forwards_together == 1 + len(drafts)  # and one forward per verify round
+    together, forwards_together, alone, blocks_used = asyncio.run(main())
+    # one prefill forward for all; on CUDA (fused kernels, batch-invariant) a prompt longer than the graphs'
+    # widest step (8 tokens: the second) in a forward of its own (ModelRunner.forward_groups)
+    prefill_sizes, prefill_forwards = ([4] * 4, 1) if device == "cpu" else ([3, 1, 3, 3], 2)
+    assert [t[2] for t in together] == prefill_sizes
+    assert forwards_together == prefill_forwards + len(drafts)  # and one forward per verify round
     assert [t[:2] for t in together] == [a[:2] for a in alone]
+    assert blocks_used == 0  # released during others' batches too
 
 
-def test_concurrent_proposals_share_forwards(model_dirs):
+@pytest.mark.parametrize("device", DEVICES)
+def test_concurrent_proposals_share_forwards(model_dirs, device):
     async def run(drafter: ModelDrafter, prompt: list[int]) -> list[list[int]]:
         seq = await drafter.start(prompt, 64)
         first, _ = await drafter.propose(seq, 0, [11], 4)
@@ -53,18 +67,18 @@ def test_concurrent_proposals_share_forwards(model_dirs):
         return [first, second, third]
 
     async def main():
-        drafter = ModelDrafter(_runner(model_dirs["perturbed"]))
+        drafter = ModelDrafter(_runner(model_dirs["perturbed"], device))
         drafter.start_background()
         together = await asyncio.gather(*(run(drafter, p) for p in PROMPTS))
         forwards_together = drafter.stats()["num_forwards"]
         alone = [await run(drafter, p) for p in PROMPTS]
-        blocks_used = drafter.stats()["num_kv_blocks_used"]
-        await drafter.stop()
-        return together, forwards_together, alone, blocks_used
+        await drafter.stop()  # after the releases handed to its worker (CPU)
+        return together, forwards_together, alone, drafter.stats()["num_kv_blocks_used"]
 
     together, forwards_together, alone, blocks_used = asyncio.run(main())
     assert together == alone
     assert forwards_together == 1 + 4 + 3 + 2  # start, then k forwards per proposal round
+    assert blocks_used == 0
     assert all(len(p) == k for props in together for p, k in zip(props, (4, 3, 2)))
 
 

@@ -62,10 +62,12 @@ def test_greedy_forward_reads_back_every_steps_argmax_at_once(model_dir):
     prompts = [list(range(5, 5 + n)) for n in (1, 7, 16, 3)]
     num_logits = [1, 3, 0, 2]  # a chunk with no logits among them
     steps = [StepInput(runner.kv.new_sequence(), p, n) for p, n in zip(prompts, num_logits)]
-    logits, ids = runner.forward_greedy(steps)
+    logits, greedy = runner.forward_greedy(steps)
+    ids = greedy.get()
     assert ids == [rows.argmax(-1).tolist() for rows in logits]
     assert [len(i) for i in ids] == num_logits and all(type(t) is int for i in ids for t in i)
-    [none], [no_ids] = runner.forward_greedy([StepInput(steps[2].kv, [9, 10], 0)])
+    [none], no_greedy = runner.forward_greedy([StepInput(steps[2].kv, [9, 10], 0)])
+    [no_ids] = no_greedy.get()
     assert none.shape[0] == 0 and no_ids == []
 
 

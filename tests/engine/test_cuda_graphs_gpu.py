@@ -36,8 +36,8 @@ def test_graph_replays_match_eager_forwards_and_never_recapture(model_dirs):
         tokens = [torch.randint(0, 300, (n,)).tolist() for n in sizes]
         out = {r: r.forward([StepInput(kv, t, len(t)) for kv, t in zip(seqs[r], tokens)]) for r in (eager,)}
         if step % 2:  # the greedy read back: the graph's own argmax of the rows, one copy for the batch
-            out[graphed], ids = graphed.forward_greedy([StepInput(kv, t, len(t)) for kv, t in zip(seqs[graphed], tokens)])
-            assert ids == [logits.argmax(-1).tolist() for logits in out[graphed]]
+            out[graphed], greedy = graphed.forward_greedy([StepInput(kv, t, len(t)) for kv, t in zip(seqs[graphed], tokens)])
+            assert greedy.get() == [logits.argmax(-1).tolist() for logits in out[graphed]]
         else:
             out[graphed] = graphed.forward([StepInput(kv, t, len(t)) for kv, t in zip(seqs[graphed], tokens)])
         for a, b in zip(out[graphed], out[eager]):

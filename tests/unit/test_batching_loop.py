@@ -206,47 +206,126 @@ def test_a_request_alone_runs_its_job_in_its_own_task_and_an_unfinished_or_faile
     asyncio.run(main())
 
 
-def test_a_batch_without_every_open_stream_runs_on_the_worker():
-    """Two open streams: their batches run on the worker, even a batch of both, and a batch of one
-    leaves the loop free to take the other's job (a request back from the draft); once a stream has
-    ended, the other runs inline."""
+class _Ready:
+    """A stand-in for a CUDA event (engine/gpu_work.Ready): done once `set`; counts its queries."""
 
-    async def two_streams(loop: BatchingLoop) -> None:
-        away_done = asyncio.Event()
+    def __init__(self) -> None:
+        self.done = False
+        self.num_queries = 0
 
-        async def away() -> None:
-            await loop.submit(0)
-            await asyncio.sleep(0.05)
-            await loop.submit(1)
-            away_done.set()
+    def query(self) -> bool:
+        self.num_queries += 1
+        return self.done
 
-        async def stays() -> None:
-            await loop.submit(0)  # with away's first job, one batch
+    def synchronize(self) -> None:
+        assert self.done, "a blocking wait on work that never ends"
+
+
+def test_with_several_streams_open_a_batch_runs_on_the_loop_which_serves_others_while_its_gpu_work_runs():
+    """A batch that waits for its GPU work (a generator process, engine/gpu_work.py) with two streams
+    open: launched and read back on the loop's thread, inside inline(); while it waits the loop runs the
+    other stream's task, which submits its next job (run in the next batch, once the first has ended)."""
+    recorder = _ThreadRecorder()
+    events: list[str] = []
+    ready = _Ready()
+
+    def process(jobs: list[int]):
+        recorder.process(jobs)  # the launch: on the loop thread, inside inline()
+        events.append(f"launch {jobs}")
+        if jobs == [0]:
+            yield ready
+        recorder.process(jobs)  # the read back, again inside inline()
+        events.append(f"read {jobs}")
+        return jobs
+
+    async def main() -> None:
+        loop: BatchingLoop[int, int] = BatchingLoop(process, max_batch_size=8, inline=recorder.inline)
+        loop.start()
+        other_open = asyncio.Event()
+
+        async def waits() -> None:
+            await other_open.wait()
+            assert await loop.submit(0) == 0
+
+        async def other() -> None:
+            assert await loop.submit(5) == 5  # a stream of its own, open from here on
+            other_open.set()
+            while events[-1] != "launch [0]":
+                await asyncio.sleep(0)
+            events.append("other runs")
+            submitted = asyncio.ensure_future(loop.submit(1))
             await asyncio.sleep(0.01)
-            await loop.submit(1)  # away is away: the worker (and away's own next job too)
-            await away_done.wait()
-            await asyncio.sleep(0.01)  # away's task has ended
-            await loop.submit(2)
+            assert not submitted.done()  # waits for the batch in flight
+            ready.done = True
+            assert await submitted == 1
 
-        await asyncio.gather(asyncio.create_task(away()), asyncio.create_task(stays()))
+        await asyncio.gather(waits(), other())
+        await loop.stop()
 
-    assert _run_inline_scenario(two_streams) == ["worker", "worker", "worker", "loop"]
+    asyncio.run(main())
+    assert events == ["launch [5]", "read [5]", "launch [0]", "other runs", "read [0]", "launch [1]", "read [1]"]
+    assert recorder.threads == ["loop"] * 6 and ready.num_queries > 1
 
 
-def test_work_pending_on_the_worker_sends_the_next_batch_there_too():
-    """The model is touched by one thread at a time: a batch waits its turn behind work handed to
-    the worker (a released sequence's KV) instead of running beside it on the loop thread."""
+def test_a_request_alone_waits_for_its_gpu_work_in_place():
+    """One stream open: its batch's read back waits without polling (the loop has no one else to serve)."""
+    ready = _Ready()
+    ready.done = True
 
-    async def after_release(loop: BatchingLoop) -> None:
-        release_may_end = threading.Event()
-        loop.run_serialized(lambda: release_may_end.wait(5))
-        submitted = asyncio.create_task(loop.submit(0))
+    def process(jobs: list[int]):
+        yield ready
+        return jobs
+
+    async def main() -> None:
+        loop: BatchingLoop[int, int] = BatchingLoop(process, max_batch_size=8, inline=nullcontext)
+        loop.start()
+        for step in range(3):
+            assert await loop.submit(step) == step
+        await loop.stop()
+
+    asyncio.run(main())
+    assert ready.num_queries == 0
+
+
+def test_a_release_during_a_batch_in_flight_runs_on_the_loop_after_the_batch():
+    """The model is touched by one caller at a time: work handed over while a batch waits for the GPU
+    (a released sequence's KV) runs after the batch's read back, on the loop's thread; with no batch in
+    flight, at once."""
+    events: list[str] = []
+    ready = _Ready()
+    loop_thread = threading.get_ident()
+
+    def release(name: str) -> None:
+        assert threading.get_ident() == loop_thread
+        events.append(name)
+
+    def process(jobs: list[int]):
+        if jobs == [0]:
+            yield ready
+            events.append("read")
+        return jobs
+
+    async def stays_open(loop: BatchingLoop) -> None:
+        await loop.submit(5)
+        await asyncio.sleep(60)
+
+    async def main() -> None:
+        loop: BatchingLoop[int, int] = BatchingLoop(process, max_batch_size=8, inline=nullcontext)
+        loop.start()
+        other = asyncio.create_task(stays_open(loop))  # a second open stream: the batch is polled
         await asyncio.sleep(0.01)
-        release_may_end.set()
+        submitted = asyncio.ensure_future(loop.submit(0))
+        await asyncio.sleep(0.01)
+        loop.run_serialized(lambda: release("release during"))
+        events.append("released")
+        ready.done = True
         await submitted
-        await loop.submit(1)  # the release has ended
+        loop.run_serialized(lambda: release("release after"))
+        other.cancel()
+        await loop.stop()
 
-    assert _run_inline_scenario(after_release) == ["worker", "loop"]
+    asyncio.run(main())
+    assert events == ["released", "read", "release during", "release after"]
 
 
 def test_work_handed_over_after_stop_is_dropped_not_raised():
