@@ -52,7 +52,19 @@ log = logging.getLogger(__name__)
 MODES = ("auto", "on", "off")
 MIN_CPUS = 8
 KEEP_WARM_ENV = "SPECDEC_KEEP_WARM"
+# polling while up to this many streams are open (1 by default; module doc). Since a GPU model service runs
+# its batches on the loop's thread (engine/batching_loop.py), no worker thread needs the GIL the polling
+# loop takes, so more may pay: set for a measurement (bench/gpu_ab.py variants)
+MAX_STREAMS_ENV = "SPECDEC_BUSY_POLL_MAX_STREAMS"
 REHEARSE_EVERY_S = 0.5e-3  # bench/cold_host.py: every 0.25-1 ms kept the work as fast as back to back
+
+
+def max_polling_streams() -> int:
+    """Open streams up to which a service polls (SPECDEC_BUSY_POLL_MAX_STREAMS; 1 unless set)."""
+    value = os.environ.get(MAX_STREAMS_ENV, "1")
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError(f"{MAX_STREAMS_ENV} must be a whole number >= 1, got {value!r}")
+    return int(value)
 
 
 def keep_warm_enabled() -> bool:
@@ -79,15 +91,17 @@ def busy_poll_enabled(mode: str, model_device: str, num_cpus: int | None = None)
 
 
 class BusyPoll:
-    """While held exactly once (holds are counted: one per open stream), a task on the running loop
-    yields to it over and over, so the loop polls its selector with a zero timeout instead of
-    sleeping; a second holder stops it until one is left again (see the module doc). With
+    """While held exactly once (holds are counted: one per open stream; up to `max_holders` times), a task
+    on the running loop yields to it over and over, so the loop polls its selector with a zero timeout
+    instead of sleeping; a holder beyond those stops it until fewer are left again (see the module doc). With
     `idle_cpus` (specdec/idle_cpus.py) the host's idle CPUs poll while it is held at all; with
     `loop=False` only they do."""
 
     def __init__(self, loop: bool = True, idle_cpus: IdleCpus | None = None,
-                 rehearse: Callable[[], None] | None = None) -> None:
+                 rehearse: Callable[[], None] | None = None, max_holders: int | None = None) -> None:
+        """`max_holders`: the loop polls while held 1 to this many times (None: max_polling_streams())."""
         self.loop = loop
+        self.max_holders = max_polling_streams() if max_holders is None else max_holders
         self.idle_cpus = idle_cpus
         self.rehearse = rehearse
         self.num_holders = 0
@@ -122,9 +136,10 @@ class BusyPoll:
                 self.idle_cpus.pause()
         if not self.loop:
             return
-        if self.num_holders == 1 and self._task is None:
+        polls = 1 <= self.num_holders <= self.max_holders
+        if polls and self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._poll())
-        elif self.num_holders != 1 and self._task is not None:
+        elif not polls and self._task is not None:
             self._task.cancel()
             self._task = None
 

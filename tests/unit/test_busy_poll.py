@@ -6,7 +6,7 @@ import asyncio
 import pytest
 
 from specdec import busy_poll
-from specdec.busy_poll import BusyPoll, busy_poll_enabled
+from specdec.busy_poll import MAX_STREAMS_ENV, BusyPoll, busy_poll_enabled
 
 
 @pytest.mark.parametrize(("mode", "model_device", "num_cpus", "enabled"), [
@@ -45,6 +45,30 @@ def test_the_loop_polls_while_exactly_one_holder_is_left():
         assert (poll.num_holders, poll.is_polling, await polls_during(poll)) == (0, False, 0)
 
     asyncio.run(scenario())
+
+
+def test_a_poll_allowed_more_streams_polls_until_one_more_is_open(monkeypatch):
+    monkeypatch.setenv(MAX_STREAMS_ENV, "2")
+
+    async def scenario() -> list[bool]:
+        poll = BusyPoll()
+        states = []
+        with poll.held(), poll.held():
+            states.append(poll.is_polling)
+            with poll.held():
+                states.append(poll.is_polling)
+            states.append(poll.is_polling)
+        states.append(poll.is_polling)
+        return states
+
+    assert asyncio.run(scenario()) == [True, False, True, False]
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "two"])
+def test_a_bad_stream_limit_is_refused_by_name(monkeypatch, value):
+    monkeypatch.setenv(MAX_STREAMS_ENV, value)
+    with pytest.raises(ValueError, match=MAX_STREAMS_ENV):
+        BusyPoll()
 
 
 def test_a_polling_loop_rehearses_now_and_then_and_only_while_it_polls():
