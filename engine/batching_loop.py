@@ -121,7 +121,7 @@ class BatchingLoop(Generic[J, R]):
         self.observer: ForwardObserver | None = None  # set by the service that exports metrics
         self._pending: list[tuple[J, asyncio.Future[R], asyncio.Task]] = []  # job, its answer, its caller
         self._wakeup = asyncio.Event()
-        # the single worker thread is the only place the model and KV pool are touched
+        # where the model and KV pool are touched: this single worker thread (CPU), or the loop's (`inline`)
         self.executor = executor or torch_thread()
         self._inline = inline
         self._deferred: list[Callable[[], None]] = []  # run_serialized's work waiting for the batch in flight
@@ -184,7 +184,7 @@ class BatchingLoop(Generic[J, R]):
                 if not batch:
                     continue
                 jobs = [job for job, _, _ in batch]
-                if self._inline is not None and self._is_alone():
+                if self._is_alone():
                     results = self._run_inline(jobs)
                 else:
                     self._running = True
