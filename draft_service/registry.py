@@ -44,7 +44,7 @@ def model_loader(base: RuntimeConfig, ahead: bool = False) -> LoadFn:
             return NgramDrafter()
         executor = torch_thread()
 
-        def build() -> ModelDrafter:  # load and capture on the thread that will run it (batching_loop.torch_thread)
+        def build() -> ModelDrafter:  # load and capture on its torch thread (on a CPU the one that runs it: batching_loop)
             runner = ModelRunner(dataclasses.replace(base, model=model))
             return ModelDrafter(runner, executor=executor, ahead=ahead)
 

@@ -45,7 +45,7 @@ async def start_target_server(
 def run(args: argparse.Namespace, config: RuntimeConfig) -> None:
     engine_config = TargetEngineConfig(args.max_num_batched_tokens)
     executor = torch_thread()
-    runner = executor.submit(ModelRunner, config).result()  # load on the thread that will run it
+    runner = executor.submit(ModelRunner, config).result()  # load on its torch thread (on a CPU the one that runs it: batching_loop)
     busy_poll = busy_poll_enabled(args.busy_poll, runner.device.type)
     idle_poll = busy_poll_enabled(args.idle_poll, runner.device.type)
     asyncio.run(serve_until_signal(
