@@ -221,6 +221,12 @@ class _Ready:
         assert self.done, "a blocking wait on work that never ends"
 
 
+async def _stays_open(loop: BatchingLoop) -> None:
+    """A second stream: answered once, then open (so another stream's batches are polled)."""
+    await loop.submit(5)
+    await asyncio.sleep(60)
+
+
 def test_with_several_streams_open_a_batch_runs_on_the_loop_which_serves_others_while_its_gpu_work_runs():
     """A batch that waits for its GPU work (a generator process, engine/gpu_work.py) with two streams
     open: launched and read back on the loop's thread, inside inline(); while it waits the loop runs the
@@ -305,14 +311,10 @@ def test_a_release_during_a_batch_in_flight_runs_on_the_loop_after_the_batch():
             events.append("read")
         return jobs
 
-    async def stays_open(loop: BatchingLoop) -> None:
-        await loop.submit(5)
-        await asyncio.sleep(60)
-
     async def main() -> None:
         loop: BatchingLoop[int, int] = BatchingLoop(process, max_batch_size=8, inline=nullcontext)
         loop.start()
-        other = asyncio.create_task(stays_open(loop))  # a second open stream: the batch is polled
+        other = asyncio.create_task(_stays_open(loop))  # a second open stream: the batch is polled
         await asyncio.sleep(0.01)
         submitted = asyncio.ensure_future(loop.submit(0))
         await asyncio.sleep(0.01)
@@ -326,6 +328,31 @@ def test_a_release_during_a_batch_in_flight_runs_on_the_loop_after_the_batch():
 
     asyncio.run(main())
     assert events == ["released", "read", "release during", "release after"]
+
+
+def test_a_stop_while_a_batch_waits_for_its_gpu_work_ends_the_loop_at_once():
+    """A shutdown during a polled batch whose GPU work never ends (a hung device) does not hang."""
+    ready = _Ready()
+
+    def process(jobs: list[int]):
+        if jobs == [0]:
+            yield ready
+        return jobs
+
+    async def main() -> None:
+        loop: BatchingLoop[int, int] = BatchingLoop(process, max_batch_size=8, inline=nullcontext)
+        loop.start()
+        other = asyncio.create_task(_stays_open(loop))  # a second open stream: the batch is polled
+        await asyncio.sleep(0.01)
+        submitted = asyncio.ensure_future(loop.submit(0))
+        await asyncio.sleep(0.01)
+        assert ready.num_queries > 0 and not submitted.done()
+        await asyncio.wait_for(loop.stop(), 1)
+        for task in (other, submitted):
+            task.cancel()
+        await asyncio.gather(other, submitted, return_exceptions=True)
+
+    asyncio.run(main())
 
 
 def test_work_handed_over_after_stop_is_dropped_not_raised():
