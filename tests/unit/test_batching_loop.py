@@ -227,6 +227,17 @@ async def _stays_open(loop: BatchingLoop) -> None:
     await asyncio.sleep(60)
 
 
+async def _job_polled_beside_another_stream(process) -> tuple[BatchingLoop, asyncio.Task, asyncio.Future]:
+    """A started loop (`inline`), a second stream open, and job 0 submitted: its batch is in flight, polled."""
+    loop: BatchingLoop[int, int] = BatchingLoop(process, max_batch_size=8, inline=nullcontext)
+    loop.start()
+    other = asyncio.create_task(_stays_open(loop))
+    await asyncio.sleep(0.01)
+    submitted = asyncio.ensure_future(loop.submit(0))
+    await asyncio.sleep(0.01)
+    return loop, other, submitted
+
+
 def test_with_several_streams_open_a_batch_runs_on_the_loop_which_serves_others_while_its_gpu_work_runs():
     """A batch that waits for its GPU work (a generator process, engine/gpu_work.py) with two streams
     open: launched and read back on the loop's thread, inside inline(); while it waits the loop runs the
@@ -312,12 +323,7 @@ def test_a_release_during_a_batch_in_flight_runs_on_the_loop_after_the_batch():
         return jobs
 
     async def main() -> None:
-        loop: BatchingLoop[int, int] = BatchingLoop(process, max_batch_size=8, inline=nullcontext)
-        loop.start()
-        other = asyncio.create_task(_stays_open(loop))  # a second open stream: the batch is polled
-        await asyncio.sleep(0.01)
-        submitted = asyncio.ensure_future(loop.submit(0))
-        await asyncio.sleep(0.01)
+        loop, other, submitted = await _job_polled_beside_another_stream(process)
         loop.run_serialized(lambda: release("release during"))
         events.append("released")
         ready.done = True
@@ -340,12 +346,7 @@ def test_a_stop_while_a_batch_waits_for_its_gpu_work_ends_the_loop_at_once():
         return jobs
 
     async def main() -> None:
-        loop: BatchingLoop[int, int] = BatchingLoop(process, max_batch_size=8, inline=nullcontext)
-        loop.start()
-        other = asyncio.create_task(_stays_open(loop))  # a second open stream: the batch is polled
-        await asyncio.sleep(0.01)
-        submitted = asyncio.ensure_future(loop.submit(0))
-        await asyncio.sleep(0.01)
+        loop, other, submitted = await _job_polled_beside_another_stream(process)
         assert ready.num_queries > 0 and not submitted.done()
         await asyncio.wait_for(loop.stop(), 1)
         for task in (other, submitted):
