@@ -5,7 +5,14 @@ import argparse
 
 from gateway.config import GatewayConfig
 from gateway.server import run
-from specdec.cli_args import add_server_args, configure_and_run, env_default, port_number, setup_logging
+from specdec.cli_args import (
+    add_server_args,
+    configure_and_run,
+    env_default,
+    port_number,
+    service_address,
+    setup_logging,
+)
 from specdec.tls import add_client_tls_args, add_server_tls_args, client_tls_config
 
 PREFIX = "SPECDEC_GATEWAY"
@@ -14,9 +21,9 @@ PREFIX = "SPECDEC_GATEWAY"
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="specdec-gateway", description=__doc__)
     add_server_args(parser, PREFIX, default_port=50051)
-    parser.add_argument("--target", default=env_default(PREFIX, "target", "127.0.0.1:50052"),
+    parser.add_argument("--target", type=service_address, default=env_default(PREFIX, "target", "127.0.0.1:50052"),
                         help="target service address; dns:///NAME:PORT spreads over all replicas")
-    parser.add_argument("--draft", default=env_default(PREFIX, "draft", "127.0.0.1:50053"),
+    parser.add_argument("--draft", type=service_address, default=env_default(PREFIX, "draft", "127.0.0.1:50053"),
                         help="draft service address; 'none' decodes target-only")
     parser.add_argument("--num-draft-tokens", type=int, default=env_default(PREFIX, "num_draft_tokens", 4),
                         help="default k per request")

@@ -123,6 +123,28 @@ def port_number(text: str) -> int:
     return port
 
 
+_NAME_SCHEMES = ("dns:", "ipv4:", "ipv6:")  # gRPC target schemes followed by HOST:PORT (dns: after an authority)
+
+
+def service_address(text: str) -> str:
+    """A gRPC target (HOST:PORT, [IPV6]:PORT, dns:///NAME:PORT, unix:PATH, ...) whose port, where it names
+    one number, is 1-65535: gRPC would take 99999 modulo 65536, or the gateway wait out its connect timeout."""
+    rest = text
+    for scheme in _NAME_SCHEMES:
+        if rest.startswith(scheme):
+            rest = rest[len(scheme):].rsplit("/", 1)[-1]
+            break
+    if rest.startswith("[") and "]:" in rest:
+        port = rest.rsplit("]:", 1)[1]
+    elif rest.count(":") == 1 and not rest.startswith(("unix:", "unix-abstract:", "vsock:")):
+        port = rest.split(":")[1]
+    else:  # no port, a socket path, a list of addresses, or a bare IPv6 address: gRPC's to judge
+        return text
+    if port.isdigit() and not 1 <= int(port) <= 65535:
+        raise argparse.ArgumentTypeError(f"{text}: port {port} is out of range: 1-65535")
+    return text
+
+
 def _cpus(text: str) -> frozenset[int]:
     try:
         return parse_cpus(text)

@@ -5,6 +5,7 @@ import pytest
 
 from draft_service.cli import main as draft_main
 from gateway.cli import main as gateway_main
+from specdec.cli_args import service_address
 from target_service.cli import main as target_main
 
 
@@ -53,6 +54,25 @@ def test_a_port_out_of_range_is_refused_not_wrapped_around(main, argv, message, 
         main(argv)
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("flag", "address", "message"), [
+    ("--target", "127.0.0.1:99999", "argument --target: 127.0.0.1:99999: port 99999 is out of range: 1-65535"),
+    ("--draft", "dns:///draft:70000", "argument --draft: dns:///draft:70000: port 70000 is out of range"),
+    ("--draft", "[::1]:0", "argument --draft: [::1]:0: port 0 is out of range"),
+])
+def test_a_service_address_with_a_port_out_of_range_is_refused_at_once(flag, address, message, capsys):
+    """Not waited for until the connect timeout (600 s by default), nor wrapped around by gRPC."""
+    with pytest.raises(SystemExit) as exit_info:
+        gateway_main(["--target", "127.0.0.1:1", flag, address])
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("address", ["127.0.0.1:50052", "dns:///target:50052", "[::1]:50052", "unix:/tmp/t.sock",
+                                     "ipv4:10.0.0.1:1,10.0.0.2:2", "localhost", "none"])
+def test_service_addresses_grpc_takes_pass_unchanged(address):
+    assert service_address(address) == address
 
 
 @pytest.mark.parametrize(("main", "argv", "message"), [
