@@ -188,8 +188,7 @@ class ModelRunner:
         """`forward`, plus the argmax token of each of a step's logit rows, on their way to the host for all
         the steps at once (in a decode/verify graph computed by the graph itself): `GreedyIds.get()` them,
         after waiting for `GreedyIds.ready` if the caller has other work meanwhile, before the next forward."""
-        per_step, ids = self._forward(steps, greedy=True)
-        return per_step, ids
+        return self._forward(steps, greedy=True)
 
     def _forward(self, steps: list[StepInput], greedy: bool) -> tuple[list[torch.Tensor], GreedyIds | None]:
         for step in steps:

@@ -91,9 +91,10 @@ def busy_poll_enabled(mode: str, model_device: str, num_cpus: int | None = None)
 
 
 class BusyPoll:
-    """While held exactly once (holds are counted: one per open stream; up to `max_holders` times), a task
-    on the running loop yields to it over and over, so the loop polls its selector with a zero timeout
-    instead of sleeping; a holder beyond those stops it until fewer are left again (see the module doc). With
+    """While held 1 to `max_holders` times (holds are counted: one per open stream; at most once unless
+    SPECDEC_BUSY_POLL_MAX_STREAMS says more), a task on the running loop yields to it over and over, so the
+    loop polls its selector with a zero timeout instead of sleeping; a holder beyond those stops it until
+    fewer are left again (see the module doc). With
     `idle_cpus` (specdec/idle_cpus.py) the host's idle CPUs poll while it is held at all; with
     `loop=False` only they do."""
 
