@@ -6,7 +6,7 @@ would, with these calls timed (host wall clock, time.perf_counter_ns: CLOCK_MONO
 timeline for every process on the machine):
   gateway: gw.propose, gw.verify (a step's two round trips, as the speculative loop awaits them);
   target:  tgt.verify (engine call: the batching loop's hand-offs + the work), tgt.process (the
-           worker's work: inputs, forward, verification), runner.forward (the forward; with the greedy read back
+           engine step: inputs, forward, verification), runner.forward (the forward; with the greedy read back
            where the caller asks for it),
            tgt.readback (the argmax tokens' read back, so it ends once the GPU has);
   draft:   dft.propose, dft.process, dft.loop (as the target's), dft.readback (the proposals' read back);
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import atexit
 import functools
+import inspect
 import json
 import os
 import runpy
@@ -62,7 +63,17 @@ class Recorder:
 
 
 def timed(recorder: Recorder, name: str, fn):
-    if _is_async(fn):
+    if inspect.isgeneratorfunction(fn):  # an engine step (engine/gpu_work.py): timed until it returns
+        @functools.wraps(fn)
+        def generator_wrapper(*args, **kwargs):
+            start = time.perf_counter_ns()
+            try:
+                return (yield from fn(*args, **kwargs))
+            finally:
+                recorder.record(name, start, time.perf_counter_ns())
+        return generator_wrapper
+
+    if inspect.iscoroutinefunction(fn):
         @functools.wraps(fn)
         async def async_wrapper(*args, **kwargs):
             start = time.perf_counter_ns()
@@ -80,12 +91,6 @@ def timed(recorder: Recorder, name: str, fn):
         finally:
             recorder.record(name, start, time.perf_counter_ns())
     return wrapper
-
-
-def _is_async(fn) -> bool:
-    import inspect
-
-    return inspect.iscoroutinefunction(fn)
 
 
 def _patch(recorder: Recorder, owner, method: str, name: str) -> None:
@@ -136,7 +141,7 @@ def install(module: str, recorder: Recorder) -> None:
 
         _patch(recorder, ModelDrafter, "propose", "dft.propose")
         _patch(recorder, ModelDrafter, "_process", "dft.process")
-        _patch(recorder, DraftLoop, "propose", "dft.loop")
+        _patch(recorder, DraftLoop, "propose_work", "dft.loop")  # what the drafter runs (propose runs it too)
         _patch(recorder, _DeviceLoop, "read", "dft.readback")
 
 

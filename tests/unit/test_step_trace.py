@@ -1,8 +1,13 @@
 """bench/step_trace.py's batch timing: each batched forward is matched to the round trips it served."""
 from __future__ import annotations
 
+import json
+import time
+
 import pytest
 from harness import bench_module
+
+from engine.gpu_work import run_to_end
 
 MS = 1_000_000  # ns
 
@@ -54,3 +59,28 @@ def test_a_round_trips_host_work_splits_around_the_launch_and_the_read_back(step
     assert parts["tgt_post_read_ms"] == pytest.approx(0.45)
     assert parts["tgt_pre_launch_ms"] + parts["tgt_launch_and_wait_ms"] + parts["tgt_post_read_ms"] == pytest.approx(
         parts["tgt_host_ms"])
+
+
+
+@pytest.fixture(scope="module")
+def trace_probe():
+    yield from bench_module("trace_probe")
+
+
+def test_an_engine_step_is_timed_from_its_start_to_its_return_across_its_gpu_wait(trace_probe, tmp_path):
+    """trace_probe times a generator step (engine/gpu_work.py) until it returns, not until it is created."""
+    rows = tmp_path / "rows.jsonl"
+    recorder = trace_probe.Recorder(rows)
+    waited = []
+
+    def step(jobs):
+        waited.append(time.perf_counter_ns())
+        yield None  # the GPU wait
+        return [job * 2 for job in jobs]
+
+    work = trace_probe.timed(recorder, "tgt.process", step)([1, 2])
+    time.sleep(0.01)  # between its creation and its run: not counted
+    assert run_to_end(work) == [2, 4]
+    recorder.flush()
+    [(name, start, end)] = [json.loads(line) for line in rows.read_text().splitlines()]
+    assert name == "tgt.process" and start == pytest.approx(waited[0], abs=1 * MS) and end >= waited[0]
