@@ -6,7 +6,9 @@ configuration it reports the step time a request sees after its first token (ben
 the prefills left out), the service forward times per step (from the final stats chunk), their
 difference (`overhead_ms`: gRPC, the gateway, the batching loops), and the target's mean batch size per forward (GetEngineStats: sequence
 steps / forwards - 8 concurrent streams should give ~8; the draft's likewise). Speculative outputs are checked equal to
-target-only outputs (greedy, lossless).
+target-only outputs (greedy, lossless). Each process's CPU time (all its threads, /proc) per request step
+(`*_cpu_us_per_step`: one request's verify step; 8 streams make 8 a batched step) is the host work that
+does not depend on the models: the gateway's is the same on any GPU.
 
 Default: tiny random Llama models on the CPU (the draft a perturbed copy of the target, so it
 accepts some), where a forward takes ~1 ms and the host work dominates - a reproduction of the host
@@ -16,6 +18,7 @@ Usage: python bench/rpc_overhead.py [--gpu] [--layer-kernels auto|fused|referenc
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
@@ -40,25 +43,31 @@ SPEC_KS = {1: 4, 8: 2}  # draft tokens per step at each batch size (as the issue
 STUBS = {"target": target_pb2_grpc.TargetServiceStub, "draft": draft_pb2_grpc.DraftServiceStub}
 
 
-def run_config(gateway: str, services: dict[str, str], prompts: list[str], batch: int, max_new: int, k: int) -> dict:
+def run_config(gateway: str, services: dict[str, str], prompts: list[str], batch: int, max_new: int, k: int,
+               pids: dict[str, int]) -> dict:
     """`batch` concurrent streams over all prompts; step and forward times per verify step.
 
-    `services`: "target" and "draft" addresses, whose engine counters give the rows per forward."""
+    `services`: "target" and "draft" addresses, whose engine counters give the rows per forward;
+    `pids`: the processes whose CPU time per request step is reported ("gateway", "target", "draft")."""
     with grpc.insecure_channel(gateway) as channel:
         stub = gateway_pb2_grpc.GatewayStub(channel)
         generate(stub, prompts[0], 8, k)  # warm the path
         before = {name: engine_stats(name, address) for name, address in services.items()}
+        cpu_before = {name: process_cpu_s(pid) for name, pid in pids.items()}
         completions = []
         started = time.perf_counter()
         with ThreadPoolExecutor(batch) as pool:
             for i in range(0, len(prompts), batch):
                 completions += list(pool.map(lambda p: generate(stub, p, max_new, k), prompts[i:i + batch]))
         wall = time.perf_counter() - started
+        cpu = {name: process_cpu_s(pid) - cpu_before[name] for name, pid in pids.items()}
         after = {name: engine_stats(name, address) for name, address in services.items()}
     stats = [c.final.stats for c in completions]
     steps = decode_step_times(stats)  # after the first token: the prefills left out (bench/step_times.py)
     rows = {f"{name}_rows_per_forward": (after[name].num_sequence_steps - before[name].num_sequence_steps)
             / max(1, after[name].num_forwards - before[name].num_forwards) for name in services}
+    num_steps = sum(s.num_verify_steps for s in stats)
+    rows |= {f"{name}_cpu_us_per_step": seconds / num_steps * 1e6 for name, seconds in cpu.items()}
     return {
         "tok_s": sum(s.num_completion_tokens for s in stats) / wall,
         "step_ms": steps["step_ms"],
@@ -73,6 +82,12 @@ def run_config(gateway: str, services: dict[str, str], prompts: list[str], batch
         "acceptance_rate": sum(s.num_accepted_tokens for s in stats) / max(1, sum(s.num_draft_tokens for s in stats)),
         "token_ids": [c.token_ids for c in completions],
     }
+
+
+def process_cpu_s(pid: int) -> float:
+    """CPU seconds a process has run, all its threads, user and system (Linux: /proc/PID/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
 
 
 def engine_stats(service: str, address: str) -> common_pb2.EngineStats:
@@ -122,17 +137,20 @@ def main() -> None:
             draft_service = trio.spawn("draft", "draft_service", [
                 "--drafter", "model", "--model", draft_model, "--quantize", "none", *common])
             target, draft = trio.wait_ready(target_service, 900), trio.wait_ready(draft_service, 900)
-            plain = trio.wait_ready(trio.spawn("gateway-plain", "gateway", [
-                "--target", target, "--draft", "none", "--log-level", "WARNING"]), 60)
-            gateway = trio.wait_ready(trio.spawn("gateway", "gateway", [
-                "--target", target, "--draft", draft, "--log-level", "WARNING"]), 60)
+            plain_gateway = trio.spawn("gateway-plain", "gateway", [
+                "--target", target, "--draft", "none", "--log-level", "WARNING"])
+            spec_gateway = trio.spawn("gateway", "gateway", [
+                "--target", target, "--draft", draft, "--log-level", "WARNING"])
+            plain, gateway = trio.wait_ready(plain_gateway, 60), trio.wait_ready(spec_gateway, 60)
             services = {"target": target, "draft": draft}
-            configs = {f"target_only_bs{b}": (plain, b, 0) for b in SPEC_KS}
-            configs |= {f"spec_k{k}_bs{b}": (gateway, b, k) for b, k in SPEC_KS.items()}
+            models = {"target": target_service.process.pid, "draft": draft_service.process.pid}
+            configs = {f"target_only_bs{b}": (plain, b, 0, plain_gateway.process.pid) for b in SPEC_KS}
+            configs |= {f"spec_k{k}_bs{b}": (gateway, b, k, spec_gateway.process.pid) for b, k in SPEC_KS.items()}
             runs: dict[str, list[dict]] = {name: [] for name in configs}
             for _ in range(args.rounds):  # rounds interleave configurations, so drift hits all alike
-                for name, (address, batch, k) in configs.items():
-                    runs[name].append(run_config(address, services, prompts, batch, args.max_new_tokens, k))
+                for name, (address, batch, k, gateway_pid) in configs.items():
+                    runs[name].append(run_config(address, services, prompts, batch, args.max_new_tokens, k,
+                                                 {"gateway": gateway_pid, **models}))
         finally:
             trio.stop()
     reference = runs["target_only_bs1"][0]["token_ids"]
@@ -140,7 +158,8 @@ def main() -> None:
         differ = sum(sum(a != b for a, b in zip(r.pop("token_ids"), reference)) for r in results)
         median = {key: statistics.median(r[key] for r in results) for key in results[0]}
         details[name] = {**median, "outputs_differ_from_target_only_bs1": differ}
-        for key in ("step_ms", "overhead_ms_per_step", "target_ms_per_step", "tok_s"):
+        for key in ("step_ms", "overhead_ms_per_step", "target_ms_per_step", "tok_s", "gateway_cpu_us_per_step",
+                    "target_cpu_us_per_step", "draft_cpu_us_per_step"):
             metrics[f"{name}_{key}"] = median[key]
     metrics["spec_k4_bs1_overhead_fraction"] = details["spec_k4_bs1"]["overhead_fraction"]
     metrics["spec_k4_bs1_overhead_fraction_whole_request"] = details["spec_k4_bs1"]["overhead_fraction_whole_request"]

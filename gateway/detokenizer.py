@@ -1,7 +1,9 @@
 """Incremental detokenization that never emits half of a multi-byte character."""
 from __future__ import annotations
 
-from transformers import PreTrainedTokenizerBase
+from collections.abc import Callable
+
+from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 NUM_CONTEXT_TOKENS = 5  # prompt tokens decoded along, so leading-space rules see real context
 
@@ -14,7 +16,7 @@ class IncrementalDetokenizer:
     """
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase, prompt_ids: list[int]) -> None:
-        self._tokenizer = tokenizer
+        self._decode = decoder(tokenizer)
         self._ids = list(prompt_ids[-NUM_CONTEXT_TOKENS:])
         # the context must start on a character boundary: byte-fallback tokenizers decode a
         # window that starts inside a character to U+FFFD, which would poison every later delta
@@ -42,5 +44,14 @@ class IncrementalDetokenizer:
         self._prefix_offset = self._read_offset = len(self._ids)
         return new_text[len(prefix_text):]
 
-    def _decode(self, ids: list[int]) -> str:
-        return self._tokenizer.decode(ids, skip_special_tokens=True)
+
+def decoder(tokenizer: PreTrainedTokenizerBase) -> Callable[[list[int]], str]:
+    """`tokenizer.decode(ids, skip_special_tokens=True)`, made cheap where it can be: a fast tokenizer
+    whose decode is transformers' own and cleans up no spaces decodes in its Rust backend alone, the
+    same text without the Python around it (SmolLM2's: ~1.5 against ~6 us a token streamed)."""
+    cls = type(tokenizer)
+    if (isinstance(tokenizer, PreTrainedTokenizerFast) and not tokenizer.clean_up_tokenization_spaces
+            and cls.decode is PreTrainedTokenizerBase.decode and cls._decode is PreTrainedTokenizerFast._decode):
+        backend = tokenizer.backend_tokenizer
+        return lambda ids: backend.decode(ids, skip_special_tokens=True)
+    return lambda ids: tokenizer.decode(ids, skip_special_tokens=True)

@@ -193,3 +193,39 @@ def test_context_window_starting_mid_character_byte_fallback(sp_tokenizer, promp
     # observed: ['', '', '\ufffd\ufffd!'] + '' and ['', '', ''] + '\ufffd\ufffd\ufffd'
     assert "".join(deltas) + tail == completion
     assert not any("\ufffd" in d for d in deltas + [tail])
+
+
+def test_plain_fast_tokenizer_streams_without_transformers_decode(any_tokenizer, monkeypatch):
+    # its Rust backend decodes alone: the same text, without transformers' Python around each call
+    tokenizer = any_tokenizer
+    expected = {text: tokenizer.decode(encode(tokenizer, text)) for text in TEXTS}
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("transformers' decode was called")
+
+    monkeypatch.setattr(tokenizer, "decode", refuse)
+    for text, decoded in expected.items():
+        deltas, tail = stream(tokenizer, [], encode(tokenizer, text))
+        assert "".join(deltas) + tail == decoded == text
+
+
+def wordpiece_tokenizer(clean_up_tokenization_spaces: bool):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"[UNK]": 0, "a": 1, "b": 2, ".": 3, ",": 4, "!": 5, "do": 6, "n": 7, "##'": 8, "##t": 9, "'": 10}
+    tok = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.decoder = decoders.WordPiece(cleanup=False)  # transformers' clean-up alone removes the spaces
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]",
+                                   clean_up_tokenization_spaces=clean_up_tokenization_spaces)
+
+
+def test_tokenizer_that_cleans_up_spaces_streams_its_decode():
+    # a WordPiece tokenizer set to clean up: transformers' decode joins "a ." into "a." and streaming must too
+    tokenizer = wordpiece_tokenizer(clean_up_tokenization_spaces=True)
+    ids = tokenizer.encode("a . b , a !", add_special_tokens=False)
+    assert tokenizer.decode(ids) == "a. b, a!"
+    assert tokenizer.backend_tokenizer.decode(ids) == "a . b , a !"  # the clean-up is transformers'
+    deltas, tail = stream(tokenizer, [], ids)
+    assert "".join(deltas) + tail == "a. b, a!"
