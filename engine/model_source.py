@@ -106,10 +106,8 @@ def _random_weights(spec: str, dtype: torch.dtype, device: torch.device) -> Load
 
 
 def converted_gguf_dir(gguf_path: Path, cache_dir: Path) -> Path:
-    """Dequantizes a GGUF file into a cached safetensors directory (once) and returns it."""
-    stat = gguf_path.stat()
-    key = hashlib.sha256(f"{gguf_path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
-    target = cache_dir / "gguf" / f"{gguf_path.stem}-{key}"
+    """Dequantizes a GGUF file into a cached safetensors directory (once per content) and returns it."""
+    target = cache_dir / "gguf" / f"{gguf_path.stem}-{gguf_content_key(gguf_path, cache_dir)}"
     if (target / "config.json").exists():
         return target
     log.warning("converting %s to safetensors (first start only, ~30 s) ...", gguf_path.name)
@@ -131,6 +129,27 @@ def converted_gguf_dir(gguf_path: Path, cache_dir: Path) -> Path:
     except OSError:  # another process (e.g. a draft on the same model) finished first
         shutil.rmtree(staging, ignore_errors=True)
     return target
+
+
+def gguf_content_key(gguf_path: Path, cache_dir: Path) -> str:
+    """A key of the file's bytes, so that the same GGUF anywhere (a new virtualenv, a fresh clone: the
+    default model's wheel installed again) finds its conversion (~0.5 GB for SmolLM2) instead of
+    leaving another. Hashed once per path, size and modification time: the key is kept under gguf/keys/."""
+    stat = gguf_path.stat()
+    where = hashlib.sha256(f"{gguf_path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+    memo = cache_dir / "gguf" / "keys" / where
+    try:
+        return memo.read_text()
+    except OSError:
+        pass
+    with gguf_path.open("rb") as f:
+        key = hashlib.file_digest(f, "blake2b").hexdigest()[:16]  # ~1 GB/s
+    memo.parent.mkdir(parents=True, exist_ok=True)
+    fd, staging = tempfile.mkstemp(dir=memo.parent, prefix=where)
+    with os.fdopen(fd, "w") as f:
+        f.write(key)
+    os.replace(staging, memo)  # atomic: a reader sees the whole key or none
+    return key
 
 
 def keep_layers(hf_model: PreTrainedModel, layers: list[nn.Module]) -> PreTrainedModel:
