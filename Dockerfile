@@ -26,13 +26,17 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     VIRTUAL_ENV=/opt/venv \
     PATH=/opt/venv/bin:$PATH \
     HF_HOME=/cache/huggingface \
-    SPECDEC_CACHE_DIR=/opt/specdec-cache
+    SPECDEC_CACHE_DIR=/opt/specdec-cache \
+    TRITON_CACHE_DIR=/cache/compile/triton \
+    TORCHINDUCTOR_CACHE_DIR=/cache/compile/inductor
 
-# The services run as an unprivileged user who owns the caches; a named volume mounted on
-# /cache/huggingface starts out owned by them.
+# The services run as an unprivileged user who owns the caches; named volumes mounted on
+# /cache/huggingface and /cache/compile (compose.yaml) start out owned by them. /cache/compile keeps the
+# GPU services' compiled Triton kernels and torch.compile'd stages, so a restarted or added replica
+# loads them instead of compiling them again.
 RUN useradd --create-home specdec \
-    && mkdir -p /cache/huggingface "$SPECDEC_CACHE_DIR" \
-    && chown specdec:specdec /cache /cache/huggingface "$SPECDEC_CACHE_DIR"
+    && mkdir -p /cache/huggingface /cache/compile "$SPECDEC_CACHE_DIR" \
+    && chown specdec:specdec /cache /cache/huggingface /cache/compile "$SPECDEC_CACHE_DIR"
 
 # --system-site-packages: a CUDA base image's own torch (and triton) stay visible in the venv
 RUN python3 -m venv --system-site-packages /opt/venv

@@ -7,7 +7,8 @@
 #      concurrent requests land on both replicas of each pool, proven by each replica's own
 #      GetEngineStats counters;
 #   3. scaled back to one replica each: requests keep working on the replicas that remain;
-#   4. docker compose stop: every container exits 0 (SIGTERM handled through init: true), then
+#   4. the model services share one compile-cache volume (Triton's and inductor's caches), writable;
+#   5. docker compose stop: every container exits 0 (SIGTERM handled through init: true), then
 #      docker compose down -v leaves no container, network or volume behind.
 # The GPU reservations in compose.yaml stay as they are (docker_engine.sh makes dockerd accept
 # them). Models: the defaults (SmolLM2-135M embedded in the image, the n-gram drafter).
@@ -105,6 +106,18 @@ for svc_port in gateway:9400 target:9401 draft:9402; do
   printf '%s\n' "$lines" | sed -n '1,3s/^/    /p'  # sed reads it all: head's early exit SIGPIPEd printf (exit 141)
   if [ -z "$lines" ]; then echo "FAIL: no metrics from $svc"; exit 1; fi
 done
+
+step "the compile caches (TRITON_CACHE_DIR, TORCHINDUCTOR_CACHE_DIR): one volume the model services write and share"
+docker compose exec -T target python -c "
+import os, pathlib
+for var in ('TRITON_CACHE_DIR', 'TORCHINDUCTOR_CACHE_DIR'):
+    path = pathlib.Path(os.environ[var]); path.mkdir(parents=True, exist_ok=True)
+    (path / 'ci-probe').write_text(var); print(var, path, 'written by the target')"
+docker compose exec -T draft python -c "
+import os, pathlib
+for var in ('TRITON_CACHE_DIR', 'TORCHINDUCTOR_CACHE_DIR'):
+    probe = pathlib.Path(os.environ[var]) / 'ci-probe'
+    assert probe.read_text() == var, probe; probe.unlink(); print(var, 'read by the draft')"
 
 step "docker compose stop + down: every container exits 0, nothing is left"
 docker compose stop --timeout 20
