@@ -44,12 +44,12 @@ class GatewayMetrics:
         self.draft_tokens = Counter("specdec_gateway_spec_decode_draft_tokens", "Draft tokens proposed", registry=r)
         self.accepted_tokens = Counter("specdec_gateway_spec_decode_accepted_tokens", "Draft tokens accepted",
                                        registry=r)
-        self.draft_tokens_per_pos = _ByPosition(Counter("specdec_gateway_spec_decode_draft_tokens_per_pos",
-                                            "Draft tokens proposed at each position (0-based) of a step",
-                                            ["position"], registry=r))
-        self.accepted_tokens_per_pos = _ByPosition(Counter("specdec_gateway_spec_decode_accepted_tokens_per_pos",
-                                               "Draft tokens accepted at each position (0-based) of a step",
-                                               ["position"], registry=r))
+        self.draft_tokens_per_pos = _ByPosition(Counter(
+            "specdec_gateway_spec_decode_draft_tokens_per_pos", "Draft tokens proposed at each position (0-based) of a step",
+            ["position"], registry=r))
+        self.accepted_tokens_per_pos = _ByPosition(Counter(
+            "specdec_gateway_spec_decode_accepted_tokens_per_pos",
+            "Draft tokens accepted at each position (0-based) of a step", ["position"], registry=r))
         self.chosen_k = Histogram("specdec_gateway_spec_decode_num_draft_tokens",
                                   "Draft tokens asked for per verify step (k; 0 = target-only step)",
                                   buckets=K_BUCKETS, registry=r)
