@@ -144,11 +144,14 @@ def gguf_content_key(gguf_path: Path, cache_dir: Path) -> str:
         pass
     with gguf_path.open("rb") as f:
         key = hashlib.file_digest(f, "blake2b").hexdigest()[:16]  # ~1 GB/s
-    memo.parent.mkdir(parents=True, exist_ok=True)
-    fd, staging = tempfile.mkstemp(dir=memo.parent, prefix=where)
-    with os.fdopen(fd, "w") as f:
-        f.write(key)
-    os.replace(staging, memo)  # atomic: a reader sees the whole key or none
+    try:
+        memo.parent.mkdir(parents=True, exist_ok=True)
+        fd, staging = tempfile.mkstemp(dir=memo.parent, prefix=where)
+        with os.fdopen(fd, "w") as f:
+            f.write(key)
+        os.replace(staging, memo)  # atomic: a reader sees the whole key or none
+    except OSError as e:  # a read-only cache still serves its conversions: the key is hashed again next time
+        log.info("cannot keep the key of %s in %s: %s", gguf_path.name, memo.parent, e)
     return key
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from engine import model_source
 from engine.model_source import (DEFAULT_MODEL, converted_gguf_dir, default_cache_dir, gguf_content_key,
                                  load_pretrained, resolve_path)
 from specdec.errors import UnsupportedModelError
@@ -49,6 +50,20 @@ def test_gguf_key_follows_the_bytes_not_the_path(tmp_path):
     assert len(list((cache / "gguf" / "keys").iterdir())) == 4  # each path, size and time hashed once
     copy.write_bytes(b"GGUF changed")
     assert gguf_content_key(copy, cache) not in (key, gguf_content_key(other, cache))
+
+
+def test_gguf_key_in_a_read_only_cache_is_hashed_each_time(tmp_path, monkeypatch):
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF one")
+    key = gguf_content_key(gguf, tmp_path / "writable")
+
+    def read_only(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(model_source.tempfile, "mkstemp", read_only)  # as root, chmod would not stop us
+    cache = tmp_path / "read-only"
+    assert gguf_content_key(gguf, cache) == gguf_content_key(gguf, cache) == key
+    assert not list((cache / "gguf" / "keys").iterdir())
 
 
 @pytest.mark.slow
