@@ -63,6 +63,7 @@ from distill.export import export_draft  # noqa: E402
 from engine.model_source import load_pretrained  # noqa: E402
 from engine.subset_head import SubsetLMHead  # noqa: E402
 from engine.triton_prefetch import PREFETCH_KB  # noqa: E402 - SPECDEC_PREFETCH_KB as the services read it
+from process_cpu import process_cpu_s  # noqa: E402
 from report import save_report  # noqa: E402
 from specdec.busy_poll import MODES as BUSY_POLL_MODES  # noqa: E402
 from specdec.client import collect  # noqa: E402
@@ -160,15 +161,19 @@ def generate(stub, prompt: str, max_new: int, k: int, draft_model: str | None = 
     return collect(stub.Generate(request, timeout=600))
 
 
-def run_config(stub, prompts: list[str], batch: int, max_new: int, k: int, draft_model: str | None = None) -> dict:
-    """`batch` concurrent streams at a time over all prompts; aggregate throughput and stats."""
+def run_config(stub, prompts: list[str], batch: int, max_new: int, k: int, draft_model: str | None = None,
+               gateway_pid: int | None = None) -> dict:
+    """`batch` concurrent streams at a time over all prompts; aggregate throughput and stats; with
+    `gateway_pid`, the gateway's CPU time per request step (`gateway_cpu_us_per_step`: all its threads)."""
     generate(stub, prompts[0], 8, k, draft_model)  # warm the path
     completions = []
+    cpu_before = process_cpu_s(gateway_pid) if gateway_pid is not None else 0.0
     started = time.perf_counter()
     with ThreadPoolExecutor(batch) as pool:
         for i in range(0, len(prompts), batch):
             completions += list(pool.map(lambda p: generate(stub, p, max_new, k, draft_model), prompts[i:i + batch]))
     wall = time.perf_counter() - started
+    gateway_cpu_s = process_cpu_s(gateway_pid) - cpu_before if gateway_pid is not None else None
     stats = [c.final.stats for c in completions]
     tokens = sum(s.num_completion_tokens for s in stats)
     elapsed = [s.num_completion_tokens / s.tokens_per_s for s in stats if s.tokens_per_s]
@@ -188,6 +193,7 @@ def run_config(stub, prompts: list[str], batch: int, max_new: int, k: int, draft
         "request_ms": 1e3 * statistics.mean(elapsed),
         "rpc_overhead_fraction_whole_request": statistics.mean(
             max(0.0, e - s.draft_forward_s - s.target_forward_s) / e for s, e in zip(stats, elapsed)),
+        **({"gateway_cpu_us_per_step": gateway_cpu_s / max(1, steps) * 1e6} if gateway_cpu_s is not None else {}),
         "token_ids": [c.token_ids for c in completions],
     }
 
@@ -308,14 +314,16 @@ def main() -> None:
             started = time.perf_counter()
             target = trio.wait_ready(trio.spawn("target", "target_service", ["--model", target_model, *common, *pin()]), 900)
             metrics["target_start_s"] = time.perf_counter() - started
-            plain = trio.wait_ready(trio.spawn("gateway-plain", "gateway", ["--target", target, "--draft", "none", "--log-level", "WARNING", *polling, *pin()]), 60)
+            plain_gateway = trio.spawn("gateway-plain", "gateway", ["--target", target, "--draft", "none", "--log-level", "WARNING", *polling, *pin()])
+            plain = trio.wait_ready(plain_gateway, 60)
             references = {}  # bf16 greedy output depends on the batch and verify shapes (see the oracle's reference)
             with grpc.insecure_channel(plain) as channel:
                 stub = gateway_pb2_grpc.GatewayStub(channel)
                 for batch in batches:
-                    result = run_config(stub, prompts, batch, args.max_new_tokens, 0)
+                    result = run_config(stub, prompts, batch, args.max_new_tokens, 0, gateway_pid=plain_gateway.process.pid)
                     metrics[f"target_only_tok_s_bs{batch}"] = result["tok_s"]
                     metrics[f"target_only_step_ms_bs{batch}"] = result["step_ms"]
+                    metrics[f"target_only_gateway_cpu_us_per_step_bs{batch}"] = result["gateway_cpu_us_per_step"]
                     references[batch] = result["token_ids"]
                     if variant is not None:
                         suffix, entered = variant
@@ -338,7 +346,8 @@ def main() -> None:
                 "--quantize", args.draft_quantize, *common, *pin()],
                 env=draft_env), 900)
             metrics["draft_start_s"] = time.perf_counter() - started
-            gateway = trio.wait_ready(trio.spawn("gateway", "gateway", ["--target", target, "--draft", draft, "--log-level", "WARNING", *polling, *pin()]), 60)
+            spec_gateway = trio.spawn("gateway", "gateway", ["--target", target, "--draft", draft, "--log-level", "WARNING", *polling, *pin()])
+            gateway = trio.wait_ready(spec_gateway, 60)
             with grpc.insecure_channel(gateway) as channel:
                 stub = gateway_pb2_grpc.GatewayStub(channel)
                 for batch in batches:
@@ -353,7 +362,8 @@ def main() -> None:
                         write_continuations(continuations, prompt_ids, reference)
                         for alpha in ALPHAS:
                             ahead_before = ahead_counts(draft)
-                            result = run_config(stub, prompts, batch, args.max_new_tokens, k, f"oracle-{alpha:g}")
+                            result = run_config(stub, prompts, batch, args.max_new_tokens, k, f"oracle-{alpha:g}",
+                                                gateway_pid=spec_gateway.process.pid)
                             name = f"alpha{alpha:g}_k{k}_bs{batch}"
                             if args.draft_ahead:
                                 hits, misses = (a - b for a, b in zip(ahead_counts(draft), ahead_before))
@@ -388,6 +398,9 @@ def main() -> None:
     if args.draft_ahead:
         metrics["ahead_hit_rate_alpha0.8_k4_bs1"] = best["ahead_hit_rate"]
     for batch in batches:
+        if f"alpha0.8_k4_bs{batch}" in details:
+            metrics[f"spec_gateway_cpu_us_per_step_alpha0.8_k4_bs{batch}"] = (
+                details[f"alpha0.8_k4_bs{batch}"]["gateway_cpu_us_per_step"])
         metrics[f"spec_over_target_only_alpha0.8_k4_bs{batch}"] = (
             metrics[f"spec_tok_s_alpha0.8_k4_bs{batch}"] / metrics[f"target_only_tok_s_bs{batch}"])
     metrics["target_only_tok_s"] = metrics["target_only_tok_s_bs1"]

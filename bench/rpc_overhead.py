@@ -18,7 +18,6 @@ Usage: python bench/rpc_overhead.py [--gpu] [--layer-kernels auto|fused|referenc
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import tempfile
@@ -33,6 +32,7 @@ import specdec  # noqa: E402,F401 - before grpc: it picks gRPC's poller (specdec
 import grpc  # noqa: E402
 
 from gpu_e2e import LLAMA_1B, LLAMA_8B, generate, prompts_text, write_model_dir  # noqa: E402
+from process_cpu import process_cpu_s  # noqa: E402
 from report import save_report  # noqa: E402
 from specdec.launch import Trio, interrupt_on_sigterm  # noqa: E402
 from specdec.v1 import common_pb2, draft_pb2_grpc, gateway_pb2_grpc, target_pb2_grpc  # noqa: E402
@@ -82,12 +82,6 @@ def run_config(gateway: str, services: dict[str, str], prompts: list[str], batch
         "acceptance_rate": sum(s.num_accepted_tokens for s in stats) / max(1, sum(s.num_draft_tokens for s in stats)),
         "token_ids": [c.token_ids for c in completions],
     }
-
-
-def process_cpu_s(pid: int) -> float:
-    """CPU seconds a process has run, all its threads, user and system (Linux: /proc/PID/stat)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
 
 
 def engine_stats(service: str, address: str) -> common_pb2.EngineStats:
