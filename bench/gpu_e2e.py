@@ -8,6 +8,8 @@ Random-weight Llama-3.1-8B-shape target and Llama-3.2-1B-shape draft, bf16, driv
     alpha - random weights would accept nothing;
   * hf_static: HF transformers generate() with its static cache (auto-compiled), same shapes; the
     fastest of HF_RUNS timed calls after a warm-up (each in `details`).
+Beside throughput and each step's parts: the gateway's CPU time per request step (all its threads,
+bench/process_cpu.py), target-only and alpha 0.8, k 4 at each batch - its loop serves every request.
 Writes bench/results/gpu_e2e.json. `--tiny` runs the same flow with tiny models on the CPU (a check
 of the script, no meaningful numbers). `--draft-ahead` has the draft draft ahead while the target
 verifies (engine/model_drafter.py; the oracle also replaces the chain's guess of the target's
