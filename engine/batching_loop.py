@@ -82,6 +82,10 @@ class ReturningCallers:
                    for state in self._callers.values())
 
 
+def _stopped_process(jobs: list) -> list:
+    raise RuntimeError("the batching loop is stopped")
+
+
 class BatchingLoop(Generic[J, R]):
     def __init__(self, process: ProcessFn, max_batch_size: int, executor: ThreadPoolExecutor | None = None,
                  phase_of: Callable[[J], str] = lambda job: "step", max_linger_s: float = 0.01,
@@ -133,11 +137,19 @@ class BatchingLoop(Generic[J, R]):
         self._task = asyncio.get_running_loop().create_task(self._run())
 
     async def stop(self) -> None:
+        """Stops the loop and lets go of its process function, so that the loop's owner (a drafter and its
+        model, which hold the loop) is freed as soon as nothing else holds it. Otherwise the two would
+        form a reference cycle, as would the cancelled task's traceback (its frame holds the loop), and
+        a replaced draft's weights and KV pool would stay allocated until a full garbage collection:
+        in a service that allocates little, many swaps later."""
         self._stopped = True
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
         self.executor.shutdown(wait=True)
+        self._process = _stopped_process
+        self._inline = None
 
     async def submit(self, job: J) -> R:
         loop = asyncio.get_running_loop()

@@ -1,9 +1,12 @@
 """Live draft swap: LoadDraft while serving, drafts chosen per request, refused loads change nothing."""
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
+import gc
 import os
 import time
+import weakref
 from typing import NamedTuple
 
 import grpc
@@ -81,6 +84,31 @@ def test_swap_in_the_middle_of_concurrent_requests_fails_none_and_stays_lossless
     # requests after the swap ran on the identical draft: every proposal accepted
     _, _, final = generate(gateway, prompt="After the swap", max_new_tokens=16, num_draft_tokens=4)
     assert final.stats.acceptance_rate == 1.0
+
+
+def test_a_replaced_draft_frees_its_model_at_once_not_at_a_garbage_collection(loop, model_dirs):
+    # a draft's weights and KV pool are gigabytes on a GPU: left to the cyclic collector (the drafter and
+    # its batching loop held each other), every replaced draft stayed allocated until a full collection
+    load = model_loader(RuntimeConfig(model="", kv_cache_tokens=2048, device=os.environ.get("SPECDEC_TEST_DEVICE", "cpu")))
+
+    async def replace_and_watch() -> bool:
+        drafts = DraftRegistry(load)
+        await drafts.load("first", str(model_dirs["unrelated"]), make_default=True)
+        drafts.start()
+        old_runner = weakref.ref(drafts.default.runner)
+        gc.disable()
+        try:
+            await drafts.load("first", str(model_dirs["identical"]), make_default=True, replace=True)
+            for _ in range(200):  # the old drafter stops in a task of its own
+                if old_runner() is None:
+                    break
+                await asyncio.sleep(0.01)
+            return old_runner() is None
+        finally:
+            gc.enable()
+            await drafts.stop()
+
+    assert loop.run(replace_and_watch()), "the replaced draft's model is still allocated"
 
 
 def test_each_request_picks_its_draft_by_name(swap_trio, model_dirs):
