@@ -1,22 +1,38 @@
 """Soak: the trio as processes (two target and two draft replicas, tiny random models, CPU,
-loopback), N concurrent client streams for a while, random cancellations, one draft and one target
-replica killed and restarted in the middle. Every completed output is checked against the
-undisturbed greedy output; at the end every KV pool must be empty and memory flat.
+loopback), N concurrent client streams for a while, a mix of requests, and the things that go wrong
+in service: random cancellations and deadlines, bad requests, a target KV pool too small for every
+stream at once (requests wait for room), live draft swaps on both draft replicas, and one draft and
+one target replica killed and restarted in the middle.
+
+Each request is one of (weights in REQUEST_MIX):
+  greedy    k 0-4 or the gateway's adaptive k; must equal the undisturbed greedy output
+            (target-only), or be a prefix of it when cancelled;
+  sampled   seeded sampling with k 0 or 3 pinned on the draft "default"; must equal the same request
+            run undisturbed, unless a replica restart overlapped it: a lost draft turns a request
+            target-only, and a lost target's successor samples the next token from its prefill, where
+            the verify may have accepted a draft token; each draws from the target's distribution, but
+            not the same sample;
+  stop      greedy with a stop string cut from the reference text; must end just before it;
+  deadline  greedy with a 0.05-3 s deadline; DEADLINE_EXCEEDED or complete, a prefix either way;
+  invalid   a request the gateway must refuse with the status code given in INVALID_REQUESTS;
+  openai    greedy through the OpenAI-compatible HTTP API; its text must equal the reference text.
+At the end every KV pool must be empty and memory flat.
 
 Writes bench/results/soak.json (metrics: requests_completed, wrong_outputs, unexpected_errors,
-leaked_kv_blocks, ttft_p50_ms, ttft_p99_ms, rss_mb_before, rss_mb_after, ...).
-Usage: python bench/soak.py [--duration-s 120] [--streams 32] [--out bench/results/soak.json]
+leaked_kv_blocks, ttft_p50_ms, ttft_p99_ms, rss_mb_before, rss_mb_after, completed_by_kind,
+draft_swaps, max_waiting_sequences, ...).
+Usage: python bench/soak.py [--duration-s 120] [--streams 32] [--target-kv-tokens 1024]
+                            [--out bench/results/soak.json]
 """
 from __future__ import annotations
 
 import argparse
-import random
+import socket
 import sys
 import tempfile
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -26,38 +42,35 @@ import specdec  # noqa: E402,F401 - before grpc: it picks gRPC's poller (specdec
 import grpc  # noqa: E402
 
 from report import save_report  # noqa: E402
+from soak_clients import SERVED_MODEL_NAME, Client, Disturbances, Tally, references  # noqa: E402
 from tiny_models import build_model_dir, build_tokenizer  # noqa: E402
 
 from specdec.processes import Replica  # noqa: E402
-from specdec.v1 import gateway_pb2, gateway_pb2_grpc  # noqa: E402
+from specdec.v1 import draft_pb2, draft_pb2_grpc, gateway_pb2_grpc  # noqa: E402
 
-PROMPTS = ["The quick brown fox", "def add(a, b):\n    return", "Speculative decoding: a draft proposes,",
-           "Große Straße 🙂", "Numbers 0123456789 and", "x"]
-MAX_NEW_TOKENS = 64
-CANCEL_PROBABILITY = 0.1
-EXPECTED_CODES = {grpc.StatusCode.CANCELLED}  # our own cancellations
+ADMIN_TOKEN = "soak-admin"
+SWAPS_PER_RUN = 8
 
 
-@dataclass
-class Tally:
-    completed: int = 0
-    cancelled: int = 0
-    wrong: int = 0
-    errors: Counter = field(default_factory=Counter)
-    ttft_s: list[float] = field(default_factory=list)
-    lock: threading.Lock = field(default_factory=threading.Lock)
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 class SoakCluster:
     """Two target and two draft replica processes, and a gateway process over both pools."""
 
-    def __init__(self, workdir: Path, target_dir: Path, draft_dir: Path) -> None:
-        kv = ["--kv-cache-tokens", "32768", "--num-threads", "1"]
-        self.targets = [Replica(f"target{i}", "target_service", ["--model", str(target_dir), *kv], workdir)
-                        for i in range(2)]
-        self.drafts = [Replica(f"draft{i}", "draft_service", ["--drafter", "model", "--model", str(draft_dir), *kv],
-                               workdir) for i in range(2)]
+    def __init__(self, workdir: Path, target_dir: Path, draft_dir: Path, target_kv_tokens: int) -> None:
+        common = ["--num-threads", "1"]
+        self.targets = [Replica(f"target{i}", "target_service",
+                                ["--model", str(target_dir), "--kv-cache-tokens", str(target_kv_tokens), *common],
+                                workdir) for i in range(2)]
+        self.drafts = [Replica(f"draft{i}", "draft_service",
+                               ["--drafter", "model", "--model", str(draft_dir), "--kv-cache-tokens", "32768",
+                                "--admin-token", ADMIN_TOKEN, *common], workdir) for i in range(2)]
         self.gateway: Replica | None = None
+        self.http_port = _free_port()
         self.workdir = workdir
 
     @property
@@ -73,13 +86,40 @@ class SoakCluster:
             "--target", "ipv4:" + ",".join(t.address for t in self.targets),
             "--draft", "ipv4:" + ",".join(d.address for d in self.drafts),
             "--num-draft-tokens", "3", "--target-failover-timeout-s", "60", "--draft-step-timeout-s", "5",
+            "--http-port", str(self.http_port), "--served-model-name", SERVED_MODEL_NAME,
         ], self.workdir)
         self.gateway.start()
         return self.gateway.address
 
-    def restart(self, replica: Replica) -> None:
+    def restart(self, replica: Replica, disturbances: Disturbances) -> None:
+        window = disturbances.begin()
         replica.kill()
         replica.start()
+        disturbances.end(window)
+
+    def swap_default_draft(self, name: str, model: Path) -> Counter:
+        """Loads `model` as `name` on every draft replica and makes it their default; counts the
+        outcomes (a replica being restarted just then refuses: UNAVAILABLE)."""
+        outcomes = Counter()
+        request = draft_pb2.LoadDraftRequest(name=name, model=str(model), make_default=True, replace=True)
+        for replica in self.drafts:
+            try:
+                with grpc.insecure_channel(replica.address) as channel:
+                    draft_pb2_grpc.DraftServiceStub(channel).LoadDraft(
+                        request, metadata=(("authorization", f"Bearer {ADMIN_TOKEN}"),), timeout=60)
+                outcomes["ok"] += 1
+            except grpc.RpcError as e:
+                outcomes[e.code().name] += 1
+        return outcomes
+
+    def num_waiting(self) -> int:
+        total = 0
+        for replica in self.targets:
+            try:
+                total += replica.engine_stats().num_waiting_sequences
+            except grpc.RpcError:
+                pass  # being restarted
+        return total
 
     def leaked_kv_blocks(self, timeout_s: float = 30) -> int:
         deadline = time.monotonic() + timeout_s
@@ -106,79 +146,36 @@ def _rss_mb(pid: int) -> float:
             return int(line.split()[1]) / 1024
     raise RuntimeError(f"no VmRSS for process {pid}")
 
-
-def references(stub: gateway_pb2_grpc.GatewayStub) -> dict[str, list[int]]:
-    """The undisturbed greedy output of each prompt (target-only); shorter runs are its prefixes."""
-    out = {}
-    for prompt in PROMPTS:
-        request = gateway_pb2.GenerateRequest(prompt=prompt, max_new_tokens=MAX_NEW_TOKENS, num_draft_tokens=0)
-        out[prompt] = [t for chunk in stub.Generate(request, timeout=120) for t in chunk.token_ids]
-    return out
-
-
-def client(stub, expected: dict[str, list[int]], tally: Tally, stop: threading.Event, seed: int) -> None:
-    rng = random.Random(seed)
-    while not stop.is_set():
-        prompt = rng.choice(PROMPTS)
-        max_new = rng.randint(4, MAX_NEW_TOKENS)
-        request = gateway_pb2.GenerateRequest(prompt=prompt, max_new_tokens=max_new, num_draft_tokens=rng.randint(0, 4))
-        cancel_after = rng.randint(1, 5) if rng.random() < CANCEL_PROBABILITY else None
-        started = time.monotonic()
-        token_ids: list[int] = []
-        call = stub.Generate(request, timeout=300)
-        try:
-            for i, chunk in enumerate(call):
-                if not token_ids and chunk.token_ids:
-                    with tally.lock:
-                        tally.ttft_s.append(time.monotonic() - started)
-                token_ids += chunk.token_ids
-                if cancel_after is not None and i + 1 >= cancel_after:
-                    call.cancel()
-        except grpc.RpcError as e:
-            with tally.lock:
-                if e.code() in EXPECTED_CODES and cancel_after is not None:
-                    tally.cancelled += 1
-                else:
-                    tally.errors[f"{e.code().name}: {e.details()}"] += 1
-                if token_ids != expected[prompt][:len(token_ids)]:
-                    tally.wrong += 1  # even a cut-short stream must be a prefix of the right output
-            continue
-        with tally.lock:
-            tally.completed += 1
-            if token_ids != expected[prompt][:max_new]:
-                tally.wrong += 1
-
-
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
-def run_soak(workdir: Path, duration_s: float, num_streams: int) -> dict:
+def run_soak(workdir: Path, duration_s: float, num_streams: int, target_kv_tokens: int = 1024) -> dict:
     tokenizer = build_tokenizer()
     target_dir = build_model_dir(workdir / "target", tokenizer, seed=0)
-    draft_dir = build_model_dir(workdir / "draft", tokenizer, seed=1, perturb_from=target_dir, perturb_scale=0.05)
-    cluster = SoakCluster(workdir, target_dir, draft_dir)
+    drafts = (build_model_dir(workdir / "draft", tokenizer, seed=1, perturb_from=target_dir, perturb_scale=0.05),
+              build_model_dir(workdir / "draft2", tokenizer, seed=2, perturb_from=target_dir, perturb_scale=0.2))
+    cluster = SoakCluster(workdir, target_dir, drafts[0], target_kv_tokens)
+    disturbances, swaps = Disturbances(), Counter()
     try:
         address = cluster.start()
         with grpc.insecure_channel(address) as channel:
             stub = gateway_pb2_grpc.GatewayStub(channel)
-            expected = references(stub)
+            refs = references(stub)
             tally, stop = Tally(), threading.Event()
-            clients = [threading.Thread(target=client, args=(stub, expected, tally, stop, i)) for i in range(num_streams)]
-            for t in clients:
+            clients = [Client(stub, cluster.http_port, refs, tally, disturbances, seed=i) for i in range(num_streams)]
+            threads = [threading.Thread(target=c.run, args=(stop,)) for c in clients]
+            for t in threads:
                 t.start()
-            time.sleep(min(10.0, duration_s / 6))  # warmed up: allocator pools and caches are filled
+            # warm-up: allocator pools and caches fill, and the other draft is loaded (swaps then alternate
+            # the default between two resident drafts, so memory should stay flat)
+            swaps.update(cluster.swap_default_draft("alt", drafts[1]))
+            time.sleep(min(10.0, duration_s / 6))
             rss_before = cluster.rss_mb()
-            started = time.monotonic()
-            events = [(duration_s / 3, cluster.drafts[0]), (2 * duration_s / 3, cluster.targets[0])]
-            for at_s, replica in events:
-                time.sleep(max(0.0, started + at_s - time.monotonic()))
-                print(f"soak: restarting {replica.name} at {time.monotonic() - started:.0f} s", file=sys.stderr)
-                cluster.restart(replica)
-            time.sleep(max(0.0, started + duration_s - time.monotonic()))
+            max_waiting = _disturb(cluster, duration_s, drafts, disturbances, swaps)
             stop.set()
-            for t in clients:
+            for t in threads:
                 t.join(300)
         leaked = cluster.leaked_kv_blocks()
         rss_after = cluster.rss_mb()
@@ -186,10 +183,18 @@ def run_soak(workdir: Path, duration_s: float, num_streams: int) -> dict:
         cluster.stop()
     survivors = ["gateway", "target1", "draft1"]  # restarted replicas start fresh, so compare these
     return {
-        "requests_completed": tally.completed,
+        "requests_completed": tally.completed.total(),
         "requests_cancelled": tally.cancelled,
-        "wrong_outputs": tally.wrong,
-        "unexpected_errors": sum(tally.errors.values()),
+        "requests_refused": tally.refused,
+        "requests_past_deadline": tally.deadline_exceeded,
+        "completed_by_kind": dict(tally.completed),
+        "wrong_outputs": tally.wrong.total(),
+        "wrong_by_kind": dict(tally.wrong),
+        "samples_changed_by_a_restart": tally.disturbed_samples,
+        "unexpected_errors": tally.errors.total(),
+        "errors_by_kind": dict(tally.errors),
+        "draft_swaps": dict(swaps),
+        "max_waiting_sequences": max_waiting,
         "leaked_kv_blocks": leaked,
         "ttft_p50_ms": percentile(tally.ttft_s, 0.5) * 1e3,
         "ttft_p99_ms": percentile(tally.ttft_s, 0.99) * 1e3,
@@ -197,20 +202,48 @@ def run_soak(workdir: Path, duration_s: float, num_streams: int) -> dict:
         "rss_mb_after": rss_after["gateway"],
         "rss_mb_before_by_process": {name: round(rss_before[name], 1) for name in survivors},
         "rss_mb_after_by_process": {name: round(rss_after[name], 1) for name in survivors},
-        "errors_by_kind": dict(tally.errors),
+        "sample_differences": tally.sample_differences,
         "duration_s": duration_s,
         "streams": num_streams,
+        "target_kv_tokens": target_kv_tokens,
     }
+
+
+def _disturb(cluster: SoakCluster, duration_s: float, drafts: tuple[Path, Path], disturbances: Disturbances,
+             swaps: Counter) -> int:
+    """The run's events: the default draft swapped SWAPS_PER_RUN times (to the first draft, reloaded, and
+    back to the other), draft0 restarted at 1/3 and target0 at 2/3; returns the most requests seen
+    waiting for target KV room at once."""
+    started, max_waiting = time.monotonic(), 0
+    restarts = {duration_s / 3: cluster.drafts[0], 2 * duration_s / 3: cluster.targets[0]}
+    swap_times = [duration_s / SWAPS_PER_RUN * (i + 0.5) for i in range(SWAPS_PER_RUN)]
+    for at_s in sorted([*restarts, *swap_times]):
+        while time.monotonic() < started + at_s:
+            max_waiting = max(max_waiting, cluster.num_waiting())
+            time.sleep(0.25)
+        if at_s in restarts:
+            print(f"soak: restarting {restarts[at_s].name} at {at_s:.0f} s", file=sys.stderr)
+            cluster.restart(restarts[at_s], disturbances)
+        else:
+            name, model = ("default", drafts[0]) if swap_times.index(at_s) % 2 == 0 else ("alt", drafts[1])
+            print(f"soak: default draft -> {name} at {at_s:.0f} s", file=sys.stderr)
+            swaps.update(cluster.swap_default_draft(name, model))
+    while time.monotonic() < started + duration_s:
+        max_waiting = max(max_waiting, cluster.num_waiting())
+        time.sleep(0.25)
+    return max_waiting
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--duration-s", type=float, default=120)
     parser.add_argument("--streams", type=int, default=32)
+    parser.add_argument("--target-kv-tokens", type=int, default=1024,
+                        help="each target replica's KV pool: too small for every stream at once, so requests wait")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "soak.json")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="specdec-soak-") as tmp:
-        metrics = run_soak(Path(tmp), args.duration_s, args.streams)
+        metrics = run_soak(Path(tmp), args.duration_s, args.streams, args.target_kv_tokens)
     save_report("soak", metrics, args.out, notes="gateway RSS in rss_mb_*; model services per process in *_by_process")
 
 
