@@ -56,5 +56,9 @@ class CompletionOutput:
                 self.finish = Finish.LENGTH
                 break
         if self.finish in (Finish.EOS, Finish.LENGTH):
-            text += self._stop.feed(self._detokenizer.flush()).text + self._stop.flush()
+            # the detokenizer's held-back bytes (a character cut short) may complete a stop string only now
+            check = self._stop.feed(self._detokenizer.flush())
+            text += check.text + self._stop.flush()
+            if check.is_stopped:
+                self.finish = Finish.STOP
         return Chunk(token_ids, text, self.finish)

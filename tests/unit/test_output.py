@@ -86,6 +86,22 @@ def test_length_mid_character_flushes_like_full_decode(tokenizer):
     assert chunk.text == tokenizer.decode(ids[:-1])  # the truncated character, as decode shows it
 
 
+@pytest.mark.parametrize("ends_on", ["length", "eos"])
+def test_stop_string_in_the_text_flushed_at_the_end_is_a_stop(tokenizer, ends_on):
+    # generation ends mid-character: the detokenizer held the partial bytes back until the end, and
+    # only then does the flushed text show the stop string (here one ending in the replacement character)
+    ids = encode(tokenizer, " ok 🙂")
+    assert len(ids) > 3
+    cut = ids[:-1]  # the emoji's first bytes only
+    flushed = tokenizer.decode(cut)
+    assert flushed.endswith("\ufffd")
+    stop = flushed[-2:]
+    out = make_output(tokenizer, max_new_tokens=len(cut) if ends_on == "length" else 100, stop=[stop])
+    chunk = out.add(cut + ([tokenizer.eos_token_id] if ends_on == "eos" else []))
+    assert chunk.finish is Finish.STOP
+    assert chunk.text == flushed[:flushed.index(stop)]
+
+
 def test_stops_at_stop_string(tokenizer):
     ids = encode(tokenizer, " world. The end")
     out = make_output(tokenizer, stop=["."])
