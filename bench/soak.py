@@ -12,15 +12,17 @@ Each request is one of (weights in REQUEST_MIX):
             target-only, and a lost target's successor samples the next token from its prefill, where
             the verify may have accepted a draft token; each draws from the target's distribution, but
             not the same sample;
-  stop      greedy with a stop string cut from the reference text; must end just before it;
+  stop      greedy with a stop string cut from the reference text; must end just before it, as STOP;
   deadline  greedy with a 0.05-3 s deadline; DEADLINE_EXCEEDED or complete, a prefix either way;
   invalid   a request the gateway must refuse with the status code given in INVALID_REQUESTS;
-  openai    greedy through the OpenAI-compatible HTTP API; its text must equal the reference text.
+  openai    greedy through the OpenAI-compatible HTTP API, whole or streamed (SSE; a streamed one sometimes
+            dropped after a few events); its text must equal the reference text, or begin it.
 At the end every KV pool must be empty and memory flat.
 
 Writes bench/results/soak.json (metrics: requests_completed, wrong_outputs, unexpected_errors,
 leaked_kv_blocks, ttft_p50_ms, ttft_p99_ms, rss_mb_before, rss_mb_after, completed_by_kind,
-draft_swaps, max_waiting_sequences, ...).
+draft_swaps, max_waiting_sequences, examples (the first wrong outputs, and samples a restart
+changed), ...). The request mix is bench/soak_clients.py.
 Usage: python bench/soak.py [--duration-s 120] [--streams 32] [--target-kv-tokens 1024]
                             [--out bench/results/soak.json]
 """
@@ -202,7 +204,7 @@ def run_soak(workdir: Path, duration_s: float, num_streams: int, target_kv_token
         "rss_mb_after": rss_after["gateway"],
         "rss_mb_before_by_process": {name: round(rss_before[name], 1) for name in survivors},
         "rss_mb_after_by_process": {name: round(rss_after[name], 1) for name in survivors},
-        "sample_differences": tally.sample_differences,
+        "examples": tally.examples,
         "duration_s": duration_s,
         "streams": num_streams,
         "target_kv_tokens": target_kv_tokens,

@@ -30,6 +30,7 @@ INVALID_REQUESTS = [
     ({"prompt": "x", "draft_model": "no-such-draft"}, grpc.StatusCode.NOT_FOUND),
 ]
 SERVED_MODEL_NAME = "soak"
+MAX_EXAMPLES = 20
 RESTART_GRACE_S = 5.0  # a restart's disturbance lasts until the replica is back, and this long after
 
 
@@ -55,7 +56,7 @@ class Tally:
     deadline_exceeded: int = 0
     wrong: Counter = field(default_factory=Counter)
     disturbed_samples: int = 0
-    sample_differences: list[dict] = field(default_factory=list)  # samples unlike their reference
+    examples: list[dict] = field(default_factory=list)  # outputs unlike their reference (the first MAX_EXAMPLES)
     errors: Counter = field(default_factory=Counter)
     ttft_s: list[float] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -124,11 +125,21 @@ class Client:
             kind = self.rng.choices(kinds, weights)[0]
             getattr(self, kind)()
 
-    def _record(self, kind: str, ok: bool) -> None:
+    def _record(self, kind: str, ok: bool, cut_short: str | None = None, **example) -> None:
+        """Counts a request that completed, or was cut short (`cut_short`: "cancelled" or "deadline_exceeded"),
+        and whether its output was right; keeps a wrong one's `example` fields."""
         with self.tally.lock:
-            self.tally.completed[kind] += 1
+            if cut_short is None:
+                self.tally.completed[kind] += 1
+            else:
+                setattr(self.tally, cut_short, getattr(self.tally, cut_short) + 1)
             if not ok:
                 self.tally.wrong[kind] += 1
+                self._keep_example(kind, example)
+
+    def _keep_example(self, kind: str, example: dict) -> None:
+        if len(self.tally.examples) < MAX_EXAMPLES:
+            self.tally.examples.append({"kind": kind, **example})
 
     def _error(self, e: grpc.RpcError) -> None:
         with self.tally.lock:
@@ -161,12 +172,11 @@ class Client:
         request = gateway_pb2.GenerateRequest(prompt=prompt, max_new_tokens=max_new, num_draft_tokens=k)
         cancel_after = self.rng.randint(1, 5) if self.rng.random() < CANCEL_PROBABILITY else None
         ids, _, _, error = self._stream(request, 300, cancel_after)
+        example = dict(prompt=prompt, max_new_tokens=max_new, k=k, first_difference=_first_difference(ids, expected))
         if error is None:
-            self._record("greedy", tuple(ids) == expected[:max_new])
-        elif error.code() == grpc.StatusCode.CANCELLED and cancel_after is not None:
-            with self.tally.lock:
-                self.tally.cancelled += 1
-                self.tally.wrong["greedy"] += tuple(ids) != expected[:len(ids)]  # a cut-short stream: a prefix
+            self._record("greedy", tuple(ids) == expected[:max_new], **example)
+        elif error.code() == grpc.StatusCode.CANCELLED and cancel_after is not None:  # a prefix
+            self._record("greedy", tuple(ids) == expected[:len(ids)], "cancelled", **example)
         else:
             self._error(error)
 
@@ -180,14 +190,14 @@ class Client:
         expected = self.refs.sampled[prompt, seed, k]
         same = tuple(ids) == expected
         disturbed = not same and self.disturbances.overlaps(started, time.monotonic())
-        if not same:
+        example = dict(prompt=prompt, seed=seed, k=k, during_a_restart=disturbed,
+                       first_difference=_first_difference(ids, expected), num_tokens=len(ids),
+                       num_expected=len(expected), steps_by_k=list(last.stats.num_steps_by_k))
+        if disturbed:
             with self.tally.lock:
-                self.tally.disturbed_samples += disturbed
-                self.tally.sample_differences.append(dict(
-                    prompt=prompt, seed=seed, k=k, during_a_restart=disturbed,
-                    first_difference=next((i for i, (a, b) in enumerate(zip(ids, expected)) if a != b), None),
-                    num_tokens=len(ids), num_expected=len(expected), steps_by_k=list(last.stats.num_steps_by_k)))
-        self._record("sampled", same or disturbed)
+                self.tally.disturbed_samples += 1
+                self._keep_example("sampled", example)
+        self._record("sampled", same or disturbed, **example)
 
     def stop(self) -> None:
         prompt = self.rng.choice([p for p in PROMPTS if len(self.refs.greedy[p].text) >= 8])
@@ -200,20 +210,22 @@ class Client:
         if error is not None:
             self._error(error)
             return
-        self._record("stop", got == text[:text.index(stop)] and last.finish_reason == gateway_pb2.FINISH_REASON_STOP
-                     and tuple(ids) == self.refs.greedy[prompt].token_ids[:len(ids)])
+        expected = text[:text.index(stop)]
+        self._record("stop", got == expected and last.finish_reason == gateway_pb2.FINISH_REASON_STOP
+                     and tuple(ids) == self.refs.greedy[prompt].token_ids[:len(ids)],
+                     prompt=prompt, stop=stop, text=got, expected=expected,
+                     finish_reason=gateway_pb2.FinishReason.Name(last.finish_reason))
 
     def deadline(self) -> None:
         prompt = self.rng.choice(PROMPTS)
         expected = self.refs.greedy[prompt].token_ids
         request = gateway_pb2.GenerateRequest(prompt=prompt, max_new_tokens=MAX_NEW_TOKENS)
         ids, _, _, error = self._stream(request, self.rng.uniform(0.05, 3.0))
+        example = dict(prompt=prompt, first_difference=_first_difference(ids, expected))
         if error is None:
-            self._record("deadline", tuple(ids) == expected)
+            self._record("deadline", tuple(ids) == expected, **example)
         elif error.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
-            with self.tally.lock:
-                self.tally.deadline_exceeded += 1
-                self.tally.wrong["deadline"] += tuple(ids) != expected[:len(ids)]
+            self._record("deadline", tuple(ids) == expected[:len(ids)], "deadline_exceeded", **example)
         else:
             self._error(error)
 
@@ -226,19 +238,44 @@ class Client:
         elif error is not None:
             self._error(error)
         else:
-            self._record("invalid", False)  # served what it should have refused
+            self._record("invalid", False, request=str(fields))  # served what it should have refused
 
     def openai(self) -> None:
-        prompt = self.rng.choice(PROMPTS)
+        """Greedy through /v1/completions, whole or streamed (SSE); a streamed one is sometimes dropped
+        after a few events, as a client that goes away: the gateway must notice and free its sequences."""
+        prompt, stream = self.rng.choice(PROMPTS), self.rng.random() < 0.5
+        drop_after = self.rng.randint(1, 5) if stream and self.rng.random() < CANCEL_PROBABILITY else None
         body = json.dumps({"model": SERVED_MODEL_NAME, "prompt": prompt, "max_tokens": MAX_NEW_TOKENS,
-                           "temperature": 0}).encode()
+                           "temperature": 0, "stream": stream}).encode()
         request = urllib.request.Request(f"http://127.0.0.1:{self.http_port}/v1/completions", body,
                                          {"Content-Type": "application/json"})
         try:
             with urllib.request.urlopen(request, timeout=300) as response:
-                text = json.load(response)["choices"][0]["text"]
+                text = _sse_text(response, drop_after) if stream else json.load(response)["choices"][0]["text"]
         except OSError as e:  # urllib's HTTPError and URLError
             with self.tally.lock:
                 self.tally.errors[f"openai: {e}"] += 1
             return
-        self._record("openai", text == self.refs.greedy[prompt].text)
+        expected = self.refs.greedy[prompt].text
+        example = dict(prompt=prompt, stream=stream, text=text, expected=expected)
+        if drop_after is None:
+            self._record("openai", text == expected, **example)
+        else:
+            self._record("openai", expected.startswith(text), "cancelled", **example)
+
+
+def _sse_text(response, drop_after: int | None) -> str:
+    """The text of a streamed completion's events, or of its first `drop_after` events."""
+    text, num_events = "", 0
+    for line in response:
+        if not line.startswith(b"data: ") or line.strip() == b"data: [DONE]":
+            continue
+        text += json.loads(line[len(b"data: "):])["choices"][0]["text"]
+        num_events += 1
+        if num_events == drop_after:
+            break  # leaving the with block closes the connection
+    return text
+
+
+def _first_difference(ids: list[int], expected: tuple[int, ...]) -> int | None:
+    return next((i for i, (a, b) in enumerate(zip(ids, expected)) if a != b), None)
