@@ -1,8 +1,8 @@
 """Soak: the trio as processes (two target and two draft replicas, tiny random models, CPU,
 loopback), N concurrent client streams for a while, a mix of requests, and the things that go wrong
 in service: random cancellations and deadlines, bad requests, a target KV pool too small for every
-stream at once (requests wait for room), live draft swaps on both draft replicas, and one draft and
-one target replica killed and restarted in the middle.
+stream at once (requests wait for room), live draft swaps on both draft replicas (model drafts and
+the n-gram drafter), and one draft and one target replica killed and restarted in the middle.
 
 Each request is one of (weights in REQUEST_MIX):
   greedy    k 0-4 or the gateway's adaptive k; must equal the undisturbed greedy output
@@ -47,6 +47,7 @@ from report import save_report  # noqa: E402
 from soak_clients import SERVED_MODEL_NAME, Client, Disturbances, Tally, references  # noqa: E402
 from tiny_models import build_model_dir, build_tokenizer  # noqa: E402
 
+from draft_service.registry import NGRAM  # noqa: E402
 from specdec.processes import Replica  # noqa: E402
 from specdec.v1 import draft_pb2, draft_pb2_grpc, gateway_pb2_grpc  # noqa: E402
 
@@ -99,11 +100,11 @@ class SoakCluster:
         replica.start()
         disturbances.end(window)
 
-    def swap_default_draft(self, name: str, model: Path) -> Counter:
+    def swap_default_draft(self, name: str, model: str) -> Counter:
         """Loads `model` as `name` on every draft replica and makes it their default; counts the
         outcomes (a replica being restarted just then refuses: UNAVAILABLE)."""
         outcomes = Counter()
-        request = draft_pb2.LoadDraftRequest(name=name, model=str(model), make_default=True, replace=True)
+        request = draft_pb2.LoadDraftRequest(name=name, model=model, make_default=True, replace=True)
         for replica in self.drafts:
             try:
                 with grpc.insecure_channel(replica.address) as channel:
@@ -172,7 +173,7 @@ def run_soak(workdir: Path, duration_s: float, num_streams: int, target_kv_token
                 t.start()
             # warm-up: allocator pools and caches fill, and the other draft is loaded (swaps then alternate
             # the default between two resident drafts, so memory should stay flat)
-            swaps.update(cluster.swap_default_draft("alt", drafts[1]))
+            swaps.update(cluster.swap_default_draft("alt", str(drafts[1])))
             time.sleep(min(10.0, duration_s / 6))
             rss_before = cluster.rss_mb()
             max_waiting = _disturb(cluster, duration_s, drafts, disturbances, swaps)
@@ -213,9 +214,9 @@ def run_soak(workdir: Path, duration_s: float, num_streams: int, target_kv_token
 
 def _disturb(cluster: SoakCluster, duration_s: float, drafts: tuple[Path, Path], disturbances: Disturbances,
              swaps: Counter) -> int:
-    """The run's events: the default draft swapped SWAPS_PER_RUN times (to the first draft, reloaded, and
-    back to the other), draft0 restarted at 1/3 and target0 at 2/3; returns the most requests seen
-    waiting for target KV room at once."""
+    """The run's events: the default draft swapped SWAPS_PER_RUN times (to the first draft, reloaded, then
+    to the other draft or the weightless n-gram drafter under its name), draft0 restarted at 1/3 and
+    target0 at 2/3; returns the most requests seen waiting for target KV room at once."""
     started, max_waiting = time.monotonic(), 0
     restarts = {duration_s / 3: cluster.drafts[0], 2 * duration_s / 3: cluster.targets[0]}
     swap_times = [duration_s / SWAPS_PER_RUN * (i + 0.5) for i in range(SWAPS_PER_RUN)]
@@ -227,9 +228,10 @@ def _disturb(cluster: SoakCluster, duration_s: float, drafts: tuple[Path, Path],
             print(f"soak: restarting {restarts[at_s].name} at {at_s:.0f} s", file=sys.stderr)
             cluster.restart(restarts[at_s], disturbances)
         else:
-            name, model = ("default", drafts[0]) if swap_times.index(at_s) % 2 == 0 else ("alt", drafts[1])
+            name, model = [("default", drafts[0]), ("alt", drafts[1]), ("default", drafts[0]),
+                           ("alt", NGRAM)][swap_times.index(at_s) % 4]
             print(f"soak: default draft -> {name} at {at_s:.0f} s", file=sys.stderr)
-            swaps.update(cluster.swap_default_draft(name, model))
+            swaps.update(cluster.swap_default_draft(name, str(model)))
     while time.monotonic() < started + duration_s:
         max_waiting = max(max_waiting, cluster.num_waiting())
         time.sleep(0.25)
