@@ -14,7 +14,8 @@ Each request is one of (weights in REQUEST_MIX):
             not the same sample;
   stop      greedy with a stop string cut from the reference text; must end just before it, as STOP;
   deadline  greedy with a 0.05-3 s deadline; DEADLINE_EXCEEDED or complete, a prefix either way;
-  invalid   a request the gateway must refuse with the status code given in INVALID_REQUESTS;
+  invalid   a request the gateway must refuse with its status code (gRPC: INVALID_REQUESTS; the OpenAI
+            API: INVALID_OPENAI_REQUESTS);
   openai    greedy through the OpenAI-compatible HTTP API, whole or streamed (SSE; a streamed one sometimes
             dropped after a few events); its text must equal the reference text, or begin it.
 At the end every KV pool must be empty and memory flat.

@@ -6,6 +6,7 @@ import json
 import random
 import threading
 import time
+import urllib.error
 import urllib.request
 from collections import Counter
 from dataclasses import dataclass, field
@@ -27,9 +28,21 @@ INVALID_REQUESTS = [
     ({"prompt": "x", "temperature": 1.0, "top_p": 1.5}, grpc.StatusCode.INVALID_ARGUMENT),
     ({"prompt": ""}, grpc.StatusCode.INVALID_ARGUMENT),
     ({"prompt": "x", "max_new_tokens": 100_000}, grpc.StatusCode.INVALID_ARGUMENT),
+    ({"prompt": "x", "temperature": 101.0}, grpc.StatusCode.INVALID_ARGUMENT),
+    ({"prompt": "x", "temperature": 1.0, "top_k": -1}, grpc.StatusCode.INVALID_ARGUMENT),
+    ({"prompt": "x", "stop": [""]}, grpc.StatusCode.INVALID_ARGUMENT),
+    ({"prompt": "x", "stop": ["s"] * 17}, grpc.StatusCode.INVALID_ARGUMENT),
+    ({"chat": gateway_pb2.ChatMessages(messages=[gateway_pb2.ChatMessage(role="robot", content="hi")])},
+     grpc.StatusCode.INVALID_ARGUMENT),
     ({"prompt": "x", "draft_model": "no-such-draft"}, grpc.StatusCode.NOT_FOUND),
 ]
 SERVED_MODEL_NAME = "soak"
+INVALID_OPENAI_REQUESTS = [  # /v1/completions bodies, and the HTTP status each must get
+    ({"model": SERVED_MODEL_NAME, "prompt": "x", "n": 2}, 400),
+    ({"model": SERVED_MODEL_NAME, "prompt": "x", "max_tokens": -1}, 400),
+    ({"model": SERVED_MODEL_NAME}, 400),
+    ({"model": "no-such-model", "prompt": "x"}, 404),
+]
 MAX_EXAMPLES = 20
 RESTART_GRACE_S = 5.0  # a restart's disturbance lasts until the replica is back, and this long after
 
@@ -50,6 +63,8 @@ class References:
 
 @dataclass
 class Tally:
+    """How the requests ended, by kind; shared by the client threads (under `lock`)."""
+
     completed: Counter = field(default_factory=Counter)
     cancelled: int = 0
     refused: int = 0
@@ -64,7 +79,7 @@ class Tally:
 
 class Disturbances:
     """When replicas were down (from the kill until a while after the restart), to tell a sample that
-    changed because its draft was lost from a wrong one."""
+    changed because a replica it used was lost from a wrong one."""
 
     def __init__(self) -> None:
         self._windows: list[list[float]] = []
@@ -230,6 +245,9 @@ class Client:
             self._error(error)
 
     def invalid(self) -> None:
+        if self.rng.random() < 0.3:
+            self._invalid_openai()
+            return
         fields, code = self.rng.choice(INVALID_REQUESTS)
         ids, _, _, error = self._stream(gateway_pb2.GenerateRequest(**fields), 60)
         if error is not None and error.code() == code:
@@ -239,6 +257,24 @@ class Client:
             self._error(error)
         else:
             self._record("invalid", False, request=str(fields))  # served what it should have refused
+
+    def _invalid_openai(self) -> None:
+        body, status = self.rng.choice(INVALID_OPENAI_REQUESTS)
+        request = urllib.request.Request(f"http://127.0.0.1:{self.http_port}/v1/completions",
+                                         json.dumps(body).encode(), {"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=60):
+                self._record("invalid", False, request=str(body))  # served what it should have refused
+        except urllib.error.HTTPError as e:
+            if e.code == status:
+                with self.tally.lock:
+                    self.tally.refused += 1
+            else:
+                with self.tally.lock:
+                    self.tally.errors[f"openai {e.code}: {e.read()[:200]!r}"] += 1
+        except OSError as e:
+            with self.tally.lock:
+                self.tally.errors[f"openai: {e}"] += 1
 
     def openai(self) -> None:
         """Greedy through /v1/completions, whole or streamed (SSE); a streamed one is sometimes dropped
