@@ -188,9 +188,9 @@ def run_soak(workdir: Path, duration_s: float, num_streams: int, target_kv_token
     survivors = ["gateway", "target1", "draft1"]  # restarted replicas start fresh, so compare these
     return {
         "requests_completed": tally.completed.total(),
-        "requests_cancelled": tally.cancelled,
+        "requests_cancelled": tally.cut_short["cancelled"],
         "requests_refused": tally.refused,
-        "requests_past_deadline": tally.deadline_exceeded,
+        "requests_past_deadline": tally.cut_short["deadline_exceeded"],
         "completed_by_kind": dict(tally.completed),
         "wrong_outputs": tally.wrong.total(),
         "wrong_by_kind": dict(tally.wrong),

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
+from specdec.client import Completion, collect
 from specdec.v1 import gateway_pb2, gateway_pb2_grpc
 
 PROMPTS = ["The quick brown fox", "def add(a, b):\n    return", "Speculative decoding: a draft proposes,",
@@ -66,9 +67,8 @@ class Tally:
     """How the requests ended, by kind; shared by the client threads (under `lock`)."""
 
     completed: Counter = field(default_factory=Counter)
-    cancelled: int = 0
+    cut_short: Counter = field(default_factory=Counter)  # "cancelled" by the client, "deadline_exceeded"
     refused: int = 0
-    deadline_exceeded: int = 0
     wrong: Counter = field(default_factory=Counter)
     disturbed_samples: int = 0
     examples: list[dict] = field(default_factory=list)  # outputs unlike their reference (the first MAX_EXAMPLES)
@@ -100,22 +100,17 @@ class Disturbances:
             return any(s <= end and start <= e for s, e in self._windows)
 
 
-def _generate(stub, timeout: float, **fields) -> tuple[list[int], str, gateway_pb2.GenerateResponse]:
-    token_ids, text, last = [], "", None
-    for chunk in stub.Generate(gateway_pb2.GenerateRequest(**fields), timeout=timeout):
-        token_ids += chunk.token_ids
-        text += chunk.text
-        last = chunk
-    return token_ids, text, last
+def _generate(stub, **fields) -> Completion:
+    return collect(stub.Generate(gateway_pb2.GenerateRequest(**fields), timeout=120))
 
 
 def references(stub: gateway_pb2_grpc.GatewayStub) -> References:
     """Every reference output, run one at a time before the load starts."""
     greedy = {}
     for prompt in PROMPTS:
-        ids, text, _ = _generate(stub, 120, prompt=prompt, max_new_tokens=MAX_NEW_TOKENS, num_draft_tokens=0)
-        greedy[prompt] = Output(tuple(ids), text)
-    sampled = {(prompt, seed, k): tuple(_generate(stub, 120, **_sampled_request(prompt, seed, k))[0])
+        completion = _generate(stub, prompt=prompt, max_new_tokens=MAX_NEW_TOKENS, num_draft_tokens=0)
+        greedy[prompt] = Output(tuple(completion.token_ids), completion.text)
+    sampled = {(prompt, seed, k): tuple(_generate(stub, **_sampled_request(prompt, seed, k)).token_ids)
                for prompt in PROMPTS for seed in SEEDS for k in SAMPLED_KS}
     return References(greedy, sampled)
 
@@ -147,7 +142,7 @@ class Client:
             if cut_short is None:
                 self.tally.completed[kind] += 1
             else:
-                setattr(self.tally, cut_short, getattr(self.tally, cut_short) + 1)
+                self.tally.cut_short[cut_short] += 1
             if not ok:
                 self.tally.wrong[kind] += 1
                 self._keep_example(kind, example)
@@ -260,8 +255,7 @@ class Client:
 
     def _invalid_openai(self) -> None:
         body, status = self.rng.choice(INVALID_OPENAI_REQUESTS)
-        request = urllib.request.Request(f"http://127.0.0.1:{self.http_port}/v1/completions",
-                                         json.dumps(body).encode(), {"Content-Type": "application/json"})
+        request = self._completions_request(body)
         try:
             with urllib.request.urlopen(request, timeout=60):
                 self._record("invalid", False, request=str(body))  # served what it should have refused
@@ -276,15 +270,17 @@ class Client:
             with self.tally.lock:
                 self.tally.errors[f"openai: {e}"] += 1
 
+    def _completions_request(self, body: dict) -> urllib.request.Request:
+        return urllib.request.Request(f"http://127.0.0.1:{self.http_port}/v1/completions", json.dumps(body).encode(),
+                                      {"Content-Type": "application/json"})
+
     def openai(self) -> None:
         """Greedy through /v1/completions, whole or streamed (SSE); a streamed one is sometimes dropped
         after a few events, as a client that goes away: the gateway must notice and free its sequences."""
         prompt, stream = self.rng.choice(PROMPTS), self.rng.random() < 0.5
         drop_after = self.rng.randint(1, 5) if stream and self.rng.random() < CANCEL_PROBABILITY else None
-        body = json.dumps({"model": SERVED_MODEL_NAME, "prompt": prompt, "max_tokens": MAX_NEW_TOKENS,
-                           "temperature": 0, "stream": stream}).encode()
-        request = urllib.request.Request(f"http://127.0.0.1:{self.http_port}/v1/completions", body,
-                                         {"Content-Type": "application/json"})
+        request = self._completions_request({"model": SERVED_MODEL_NAME, "prompt": prompt, "max_tokens": MAX_NEW_TOKENS,
+                                             "temperature": 0, "stream": stream})
         try:
             with urllib.request.urlopen(request, timeout=300) as response:
                 text = _sse_text(response, drop_after) if stream else json.load(response)["choices"][0]["text"]
