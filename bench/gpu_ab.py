@@ -14,6 +14,7 @@ H200, so give such a call 8 minutes or more). `--variant SPEC` (two or more; the
     --max-batch-size=8: graphs and batching for up to 8 streams, where the common one is --batch's);
   * `mps`: its services share one GPU context through a CUDA MPS daemon of this run's own
     (bench/mps.py); the other variants' are kept off MPS;
+  * `uds`: its gateways reach its target and draft over Unix sockets (--unix-socket), not TCP;
   * `streams=N`: before the rounds, its trio serves N concurrent streams once, target-only then
     speculative (in gpu_e2e.py the target serves 8 target-only streams before the batch-1 speculative
     figures): whether having served several streams leaves a service slower for a lone stream after;
@@ -74,6 +75,7 @@ class Variant:
     tree: Path | None
     args: list[str] = field(default_factory=list)  # the model services' extra arguments
     streams: int = 0  # concurrent streams served once before the rounds (0: none)
+    uds: bool = False  # its gateways reach its model services over Unix sockets
     target: str = ""  # addresses once started
     plain: str = ""
     gateway: str = ""
@@ -86,13 +88,15 @@ def parse_variant(spec: str) -> Variant:
     label, _, items = spec.partition(":")
     if not label.isidentifier():
         raise ValueError(f"variant {spec!r}: its label must be a name (letters, digits, _), got {label!r}")
-    env, mps_on, tree, args, streams = {}, False, None, [], 0
+    env, mps_on, tree, args, streams, uds = {}, False, None, [], 0, False
     for item in filter(None, items.split(",")):
         name, sep, value = item.partition("=")
         if item.startswith("--") and sep and len(name) > 2:
             args += [name, value]
         elif item == "mps":
             mps_on = True
+        elif item == "uds":
+            uds = True
         elif name == "tree" and sep:
             tree = Path(value)
         elif name == "streams" and sep:
@@ -102,8 +106,8 @@ def parse_variant(spec: str) -> Variant:
         elif sep and name.isidentifier():
             env[name] = value
         else:
-            raise ValueError(f"variant {spec!r}: {item!r} is not NAME=VALUE, --FLAG=VALUE, mps, streams=N or tree=DIR")
-    return Variant(label, env, mps_on, tree, args, streams)
+            raise ValueError(f"variant {spec!r}: {item!r} is not NAME=VALUE, --FLAG=VALUE, mps, uds, streams=N or tree=DIR")
+    return Variant(label, env, mps_on, tree, args, streams, uds)
 
 
 def rotations(variants: list[Variant], rounds: int) -> Iterator[Variant]:
@@ -118,7 +122,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tiny", action="store_true", help="tiny models on the CPU: checks the script only")
     parser.add_argument("--variant", action="append", default=[], metavar="LABEL[:ITEM,...]",
-                        help="a variant (two or more, the first the baseline); items NAME=VALUE, --FLAG=VALUE, mps, streams=N, tree=DIR")
+                        help="a variant (two or more, the first the baseline); items NAME=VALUE, --FLAG=VALUE, mps, uds, streams=N, "
+                             "tree=DIR")
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--batch", type=int, default=1, help="concurrent streams a round serves")
     parser.add_argument("--prompt-tokens", type=int, default=128)
@@ -160,16 +165,19 @@ def main() -> None:
             stack.callback(trio.stop)
             envs = {v.label: {**v.env, **(mps_env if v.mps else mps.no_mps_env(work))} for v in variants}
 
-            def spawn(v: Variant, name: str, module: str, service_args: list[str]):
+            def spawn(v: Variant, name: str, module: str, service_args: list[str], model: bool = False):
+                """`model`: a model service (one the variant's gateways may reach over a Unix socket)."""
                 pin = ["--cpus", str(next(cpus))] if args.pin_services else []
-                return trio.spawn(f"{v.label}-{name}", module, [*service_args, *pin], env=envs[v.label], cwd=v.tree)
+                return trio.spawn(f"{v.label}-{name}", module, [*service_args, *pin], env=envs[v.label], cwd=v.tree,
+                                  unix_socket=model and v.uds)
 
-            targets = {v.label: spawn(v, "target", "target_service", ["--model", target_model, *common, *v.args]) for v in variants}
+            targets = {v.label: spawn(v, "target", "target_service", ["--model", target_model, *common, *v.args], True)
+                       for v in variants}
             for v in variants:  # started side by side: the slow part (graph capture) overlaps
-                target = trio.wait_ready(targets[v.label], 900)
-                v.plain = trio.wait_ready(spawn(v, "gateway-plain", "gateway", ["--target", target, "--draft", "none",
+                trio.wait_ready(targets[v.label], 900)
+                v.target = targets[v.label].local_address()
+                v.plain = trio.wait_ready(spawn(v, "gateway-plain", "gateway", ["--target", v.target, "--draft", "none",
                                                                                  "--log-level", "WARNING"]), 60)
-                v.target = target
             drafts = {}
             for v in variants:
                 with grpc.insecure_channel(v.plain) as channel:
@@ -179,9 +187,10 @@ def main() -> None:
                 write_continuations(continuations, prompt_ids, v.reference)
                 drafts[v.label] = spawn(v, "draft", "bench.oracle_draft", [
                     "--model", draft_model, "--continuations", str(continuations), "--alphas", "0.8",
-                    "--quantize", args.draft_quantize, *common, *v.args])
+                    "--quantize", args.draft_quantize, *common, *v.args], True)
             for v in variants:
-                draft = trio.wait_ready(drafts[v.label], 900)
+                trio.wait_ready(drafts[v.label], 900)
+                draft = drafts[v.label].local_address()
                 v.gateway = trio.wait_ready(spawn(v, "gateway", "gateway", ["--target", v.target, "--draft", draft,
                                                                             "--log-level", "WARNING"]), 60)
                 if v.streams:  # served once, not measured (module doc)
@@ -203,7 +212,7 @@ def main() -> None:
 def save(variants: list[Variant], batch: int, out: Path) -> None:
     """The report of the rounds every variant has completed so far."""
     save_report("gpu_ab", {**ab_metrics(variants), "batch": batch}, out,
-                variants={v.label: {"env": v.env, "args": v.args, "mps": v.mps, "streams": v.streams,
+                variants={v.label: {"env": v.env, "args": v.args, "mps": v.mps, "uds": v.uds, "streams": v.streams,
                                     "tree": str(v.tree) if v.tree else None} for v in variants},
                 details={v.label: [{config: {k: x for k, x in result.items() if k != "token_ids"}
                                     for config, result in r.items()} for r in v.rounds] for v in variants},

@@ -146,7 +146,7 @@ def main() -> None:
             drafts.add(f"oracle-{alpha:g}", OracleDrafter(inner, continuations, alpha))
         return await start_draft_server(drafts, args.host, args.port, args.ready_file,
                                         busy_poll=busy_poll_of(args.busy_poll, config),
-                                        idle_poll=busy_poll_of(args.idle_poll, config))
+                                        idle_poll=busy_poll_of(args.idle_poll, config), unix_socket=args.unix_socket)
 
     asyncio.run(serve_until_signal(start, args.cpus))
 

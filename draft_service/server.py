@@ -22,10 +22,11 @@ SERVICE_NAME = draft_pb2.DESCRIPTOR.services_by_name["DraftService"].full_name
 async def start_draft_server(
     drafts: DraftRegistry, host: str = "127.0.0.1", port: int = 0, ready_file: Path | None = None,
     admin_token: str | None = None, metrics_port: int | None = None, tls: ServerTls | None = None,
-    busy_poll: bool = False, idle_poll: bool = False,
+    busy_poll: bool = False, idle_poll: bool = False, unix_socket: Path | None = None,
 ) -> RunningServer:
     """`metrics_port`: serve Prometheus metrics there (0: a free port; None: not at all); `tls`:
-    serve over TLS (mTLS when it names a client CA); `busy_poll`, `idle_poll`: specdec/busy_poll.py."""
+    serve over TLS (mTLS when it names a client CA); `busy_poll`, `idle_poll`: specdec/busy_poll.py;
+    `unix_socket`: listen there too."""
     registry, forward_metrics = engine_registry("draft", lambda: _engine_sources(drafts), ["draft"])
     drafts.observe_forwards(forward_metrics)
     drafts.start()
@@ -35,6 +36,7 @@ async def start_draft_server(
         [SERVICE_NAME], host, port, ready_file, cleanup=drafts.stop,
         metrics_registry=registry, metrics_port=metrics_port, credentials=tls.credentials() if tls else None,
         busy_poll=busy_poll, idle_poll=idle_poll, rehearse=servicer.rehearse if keep_warm_enabled() else None,
+        unix_socket=unix_socket,
     )
 
 
@@ -49,7 +51,7 @@ async def _start(args: argparse.Namespace, config: RuntimeConfig) -> RunningServ
     await drafts.load(args.draft_name, NGRAM if args.drafter == "ngram" else config.model, make_default=True)
     return await start_draft_server(drafts, args.host, args.port, args.ready_file, args.admin_token or None,
                                     args.metrics_port, server_tls_config(args), busy_poll_of(args.busy_poll, config),
-                                    busy_poll_of(args.idle_poll, config))
+                                    busy_poll_of(args.idle_poll, config), args.unix_socket)
 
 
 def busy_poll_of(mode: str, config: RuntimeConfig) -> bool:

@@ -22,7 +22,7 @@ SERVICE_NAME = gateway_pb2.DESCRIPTOR.services_by_name["Gateway"].full_name
 async def start_gateway_server(
     config: GatewayConfig, host: str = "127.0.0.1", port: int = 0, ready_file: Path | None = None,
     metrics_port: int | None = None, http_port: int | None = None, tls: ServerTls | None = None,
-    busy_poll: str = "off", idle_poll: str = "off",
+    busy_poll: str = "off", idle_poll: str = "off", unix_socket: Path | None = None,
 ) -> RunningServer:
     """Raises IncompatibleModelsError / ServiceUnavailableError before serving anything.
 
@@ -31,6 +31,7 @@ async def start_gateway_server(
     `busy_poll`: a --busy-poll mode, whether the loop polls while one generation runs (gRPC or
     HTTP; specdec/busy_poll.py); auto reads the target's device from its ModelInfo. `idle_poll`: an
     --idle-poll mode, whether the host's idle CPUs poll while any generation runs, by the same rule.
+    `unix_socket`: serve gRPC there too.
     """
     backends = Backends(config.target_address, config.draft_address, config.draft_step_timeout_s,
                         config.target_failover_timeout_s, config.backend_tls)
@@ -67,7 +68,7 @@ async def start_gateway_server(
         lambda server: gateway_pb2_grpc.add_GatewayServicer_to_server(servicer, server),
         [SERVICE_NAME], host, port, ready_file, cleanup=cleanup,
         metrics_registry=metrics.registry, metrics_port=metrics_port, max_receive_bytes=config.max_request_bytes,
-        credentials=tls.credentials() if tls else None,
+        credentials=tls.credentials() if tls else None, unix_socket=unix_socket,
     )
     server.busy_poll = poll
     if http is not None:
@@ -79,4 +80,4 @@ async def start_gateway_server(
 def run(args: argparse.Namespace, config: GatewayConfig) -> None:
     asyncio.run(serve_until_signal(lambda: start_gateway_server(
         config, args.host, args.port, args.ready_file, args.metrics_port, args.http_port, server_tls_config(args),
-        args.busy_poll, args.idle_poll), args.cpus))
+        args.busy_poll, args.idle_poll, args.unix_socket), args.cpus))

@@ -29,6 +29,9 @@ def add_server_args(parser: argparse.ArgumentParser, prefix: str, default_port: 
     env = lambda name, default: env_default(prefix, name, default)  # noqa: E731
     parser.add_argument("--host", default=env("host", "127.0.0.1"), help="address to bind (0.0.0.0 in containers)")
     parser.add_argument("--port", type=port_number, default=env("port", default_port), help="port; 0 picks a free one")
+    parser.add_argument("--unix-socket", type=Path, default=env("unix_socket", None),
+                        help="listen on this Unix socket as well: callers on the same host (a gateway beside its model "
+                             "services: --target unix:PATH) then skip the TCP stack on every message")
     parser.add_argument("--ready-file", type=Path, default=env("ready_file", None),
                         help="write HOST:PORT here once serving (for launchers)")
     parser.add_argument("--log-level", default=env("log_level", "INFO"))

@@ -2,7 +2,8 @@
 healthy, then serve until Ctrl-C (or, with --demo, stream one chat answer and stop).
 
 With the embedded default target the draft is the distilled SmolLM2 draft shipped in drafts/
-(docs/distill.md); `--drafter ngram` (or SPECDEC_DRAFTER=ngram) uses prompt lookup instead."""
+(docs/distill.md); `--drafter ngram` (or SPECDEC_DRAFTER=ngram) uses prompt lookup instead. The gateway
+reaches its model services over Unix sockets (they share the host), so no step's message crosses TCP."""
 from __future__ import annotations
 
 import argparse
@@ -33,9 +34,14 @@ class Service:
     name: str
     process: subprocess.Popen
     ready_file: Path
+    unix_socket: Path | None = None  # where it listens as well (--unix-socket)
 
     def address(self) -> str:
         return self.ready_file.read_text().strip()
+
+    def local_address(self) -> str:
+        """The address for callers on this host: its Unix socket if it has one, else HOST:PORT."""
+        return f"unix:{self.unix_socket}" if self.unix_socket is not None else self.address()
 
 
 class Trio:
@@ -46,13 +52,16 @@ class Trio:
         self.services: list[Service] = []
 
     def spawn(self, name: str, module: str, args: list[str], env: dict[str, str] | None = None,
-              cwd: Path | None = None) -> Service:
+              cwd: Path | None = None, unix_socket: bool = False) -> Service:
         """`env`: variables set for this service on top of ours (e.g. CUDA_VISIBLE_DEVICES); `cwd`: the
-        directory it runs in, whose packages it imports first (another checkout: bench/gpu_ab.py)."""
+        directory it runs in, whose packages it imports first (another checkout: bench/gpu_ab.py);
+        `unix_socket`: it listens on NAME.sock in the work directory as well (Service.local_address)."""
         ready_file = self.workdir / f"{name}.addr"
-        command = [sys.executable, "-m", module, "--port", "0", "--ready-file", str(ready_file), *args]
+        socket = (self.workdir / f"{name}.sock").resolve() if unix_socket else None
+        command = [sys.executable, "-m", module, "--port", "0", "--ready-file", str(ready_file), *args,
+                   *(["--unix-socket", str(socket)] if socket else [])]
         service = Service(name, subprocess.Popen(command, env={**os.environ, **env} if env else None, cwd=cwd),
-                          ready_file)
+                          ready_file, socket)
         self.services.append(service)
         return service
 
@@ -104,19 +113,19 @@ def start_trio(args: argparse.Namespace, workdir: Path) -> tuple[Trio, str]:
 def _start(trio: Trio, args: argparse.Namespace) -> str:
     common = ["--log-level", args.log_level]
     dtype = ["--dtype", args.dtype] if args.dtype else []
-    target = trio.spawn("target", "target_service", ["--model", args.target_model, *dtype, *common])
+    target = trio.spawn("target", "target_service", ["--model", args.target_model, *dtype, *common], unix_socket=True)
     draft_dtype = args.draft_dtype or args.dtype
     draft_args = ["--drafter", args.drafter, *(["--dtype", draft_dtype] if draft_dtype else []), *common]
     if args.draft_model:
         draft_args += ["--model", args.draft_model]
-    draft = trio.spawn("draft", "draft_service", draft_args)
+    draft = trio.spawn("draft", "draft_service", draft_args, unix_socket=True)
     draft_name = args.draft_model if args.drafter == "model" else "ngram (prompt lookup)"
     print(f"specdec-launch: loading models (target {args.target_model}, draft {draft_name}, "
           f"k={args.num_draft_tokens}) ...", file=sys.stderr)
-    target_address = trio.wait_ready(target, args.timeout_s)
-    draft_address = trio.wait_ready(draft, args.timeout_s)
+    trio.wait_ready(target, args.timeout_s)
+    trio.wait_ready(draft, args.timeout_s)
     gateway = trio.spawn("gateway", "gateway", [
-        "--target", target_address, "--draft", draft_address,
+        "--target", target.local_address(), "--draft", draft.local_address(),
         "--num-draft-tokens", str(args.num_draft_tokens), *common,
     ])
     return trio.wait_ready(gateway, args.timeout_s)

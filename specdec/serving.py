@@ -201,6 +201,7 @@ class RunningServer:
     metrics: MetricsServer | None = None
     http_port: int | None = None  # the gateway's OpenAI-compatible HTTP port, when served
     busy_poll: BusyPoll | None = None  # polls while streams are open; None: the loop and CPUs sleep when idle
+    unix_socket: Path | None = None  # also listening here; removed on stop
 
     @property
     def metrics_port(self) -> int | None:
@@ -216,6 +217,8 @@ class RunningServer:
             self.metrics.stop()
         if self.busy_poll is not None:
             self.busy_poll.close()
+        if self.unix_socket is not None:
+            self.unix_socket.unlink(missing_ok=True)
 
 
 async def start_server(
@@ -233,6 +236,7 @@ async def start_server(
     busy_poll: bool = False,
     idle_poll: bool = False,
     rehearse: Callable[[], None] | None = None,
+    unix_socket: Path | None = None,
 ) -> RunningServer:
     """Starts an asyncio gRPC server with our services, grpc.health.v1 and reflection.
 
@@ -244,7 +248,9 @@ async def start_server(
     speaks TLS (specdec.tls), otherwise plaintext. `busy_poll`: the event loop polls instead of
     sleeping while one streaming RPC of `service_names` runs (specdec/busy_poll.py); `idle_poll`: the
     host's idle CPUs poll while any does (specdec/idle_cpus.py); `rehearse`: run now and then while the
-    loop polls (specdec/busy_poll.py's keeping warm).
+    loop polls (specdec/busy_poll.py's keeping warm). `unix_socket`: listen on this Unix socket as well
+    (a stale socket file there is replaced; the file is removed on stop), for callers on the same host:
+    `unix:PATH` skips the TCP stack on every message of a step.
     """
     options = [*SERVER_OPTIONS, ("grpc.max_receive_message_length", max_receive_bytes)]
     poll = make_busy_poll(busy_poll, idle_poll, rehearse)
@@ -259,6 +265,8 @@ async def start_server(
     bound = server.add_secure_port(address, credentials) if credentials else server.add_insecure_port(address)
     if bound == 0:
         raise OSError(f"cannot bind {host}:{port}")
+    if unix_socket is not None:
+        _bind_unix_socket(server, unix_socket, credentials)
     metrics = None  # started before serving, so a busy metrics port fails the start cleanly
     if metrics_port is not None:
         metrics = start_metrics_server(metrics_registry or CollectorRegistry(), host, metrics_port)
@@ -269,8 +277,24 @@ async def start_server(
         tmp = ready_file.with_name(ready_file.name + ".tmp")
         tmp.write_text(f"{host}:{bound}\n")
         os.replace(tmp, ready_file)
-    log.info("serving %s on %s:%d", ", ".join(service_names), host, bound)
-    return RunningServer(server, bound, health_servicer, cleanup, metrics, busy_poll=poll)
+    log.info("serving %s on %s:%d%s", ", ".join(service_names), host, bound,
+             f" and unix:{unix_socket}" if unix_socket is not None else "")
+    return RunningServer(server, bound, health_servicer, cleanup, metrics, busy_poll=poll, unix_socket=unix_socket)
+
+
+def _bind_unix_socket(server: grpc.aio.Server, path: Path, credentials: grpc.ServerCredentials | None) -> None:
+    """Listens on `path` too; a socket left there by a killed server is replaced, any other file refused."""
+    if path.is_socket():
+        path.unlink()
+    elif path.exists():
+        raise OSError(f"cannot listen on unix:{path}: a file that is not a socket is there")
+    address = f"unix:{path}"
+    try:
+        bound = server.add_secure_port(address, credentials) if credentials else server.add_insecure_port(address)
+    except RuntimeError as e:  # gRPC raises where it cannot bind (a missing directory, no permission)
+        raise OSError(f"cannot listen on {address}: {e}") from None
+    if not bound:
+        raise OSError(f"cannot listen on {address}")
 
 
 async def serve_until_signal(start: Callable[[], Awaitable], cpus: frozenset[int] | None = None) -> None:

@@ -24,10 +24,11 @@ async def start_target_server(
     config: TargetEngineConfig = TargetEngineConfig(),
     ready_file: Path | None = None, executor: ThreadPoolExecutor | None = None,
     metrics_port: int | None = None, tls: ServerTls | None = None, busy_poll: bool = False,
-    idle_poll: bool = False,
+    idle_poll: bool = False, unix_socket: Path | None = None,
 ) -> RunningServer:
     """`metrics_port`: serve Prometheus metrics there (0: a free port; None: not at all); `tls`:
-    serve over TLS (mTLS when it names a client CA); `busy_poll`, `idle_poll`: specdec/busy_poll.py."""
+    serve over TLS (mTLS when it names a client CA); `busy_poll`, `idle_poll`: specdec/busy_poll.py;
+    `unix_socket`: listen there too."""
     engine = TargetEngine(runner, config, executor)
     registry, forward_metrics = engine_registry(
         "target", lambda: [EngineSource({}, engine.stats(), runner.description, runner)])
@@ -39,6 +40,7 @@ async def start_target_server(
         [SERVICE_NAME], host, port, ready_file, cleanup=engine.stop,
         metrics_registry=registry, metrics_port=metrics_port, credentials=tls.credentials() if tls else None,
         busy_poll=busy_poll, idle_poll=idle_poll, rehearse=servicer.rehearse if keep_warm_enabled() else None,
+        unix_socket=unix_socket,
     )
 
 
@@ -50,6 +52,7 @@ def run(args: argparse.Namespace, config: RuntimeConfig) -> None:
     idle_poll = busy_poll_enabled(args.idle_poll, runner.device.type)
     asyncio.run(serve_until_signal(
         lambda: start_target_server(runner, args.host, args.port, engine_config, args.ready_file, executor,
-                                    args.metrics_port, server_tls_config(args), busy_poll, idle_poll),
+                                    args.metrics_port, server_tls_config(args), busy_poll, idle_poll,
+                                    args.unix_socket),
         args.cpus,
     ))

@@ -17,15 +17,16 @@ def _result(tok_s: float, token_ids: list[list[int]], draft_ms: float = 3.0) -> 
             "rpc_overhead_fraction": 0.1, "token_ids": token_ids}
 
 
-def test_a_variant_spec_names_its_label_variables_arguments_mps_streams_and_tree(gpu_ab):
-    v = gpu_ab.parse_variant("warm:SPECDEC_KEEP_WARM=1,mps,tree=.ab/base,X=a=b,--max-batch-size=8,streams=8")
+def test_a_variant_spec_names_its_label_variables_arguments_mps_uds_streams_and_tree(gpu_ab):
+    v = gpu_ab.parse_variant("warm:SPECDEC_KEEP_WARM=1,mps,tree=.ab/base,X=a=b,--max-batch-size=8,streams=8,uds")
     assert (v.label, v.env, v.mps, v.tree) == ("warm", {"SPECDEC_KEEP_WARM": "1", "X": "a=b"}, True, Path(".ab/base"))
-    assert (v.args, v.streams) == (["--max-batch-size", "8"], 8)
+    assert (v.args, v.streams, v.uds) == (["--max-batch-size", "8"], 8, True)
     assert gpu_ab.parse_variant("base") == gpu_ab.Variant("base", {}, False, None)
+    assert not gpu_ab.parse_variant("base").uds
 
 
 @pytest.mark.parametrize(("spec", "message"), [
-    ("warm:SPECDEC_KEEP_WARM", "is not NAME=VALUE, --FLAG=VALUE, mps, streams=N or tree=DIR"),
+    ("warm:SPECDEC_KEEP_WARM", "is not NAME=VALUE, --FLAG=VALUE, mps, uds, streams=N or tree=DIR"),
     ("s:streams=two", "streams=N needs a whole number of streams, got 'two'"),
     ("b:--=1", "is not NAME=VALUE"),
     ("a b:mps", "its label must be a name"),
