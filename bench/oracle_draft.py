@@ -148,7 +148,7 @@ def main() -> None:
                                         busy_poll=busy_poll_of(args.busy_poll, config),
                                         idle_poll=busy_poll_of(args.idle_poll, config), unix_socket=args.unix_socket)
 
-    asyncio.run(serve_until_signal(start, args.cpus))
+    asyncio.run(serve_until_signal(start, args.cpus, args.shutdown_grace_s))
 
 
 if __name__ == "__main__":

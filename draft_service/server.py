@@ -61,4 +61,4 @@ def busy_poll_of(mode: str, config: RuntimeConfig) -> bool:
 
 
 def run(args: argparse.Namespace, config: RuntimeConfig) -> None:
-    asyncio.run(serve_until_signal(lambda: _start(args, config), args.cpus))
+    asyncio.run(serve_until_signal(lambda: _start(args, config), args.cpus, args.shutdown_grace_s))

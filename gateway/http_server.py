@@ -29,7 +29,7 @@ class HttpServer:
         self._socket.bind((host, port))
         self.port: int = self._socket.getsockname()[1]
         self._host = host
-        config = uvicorn.Config(app, lifespan="off", log_config=None, access_log=False, timeout_graceful_shutdown=2)
+        config = uvicorn.Config(app, lifespan="off", log_config=None, access_log=False)
         self._server = _InLoopServer(config)
         self._task: asyncio.Task[None] | None = None
 
@@ -41,8 +41,15 @@ class HttpServer:
             await asyncio.sleep(0.01)
         log.info("OpenAI-compatible HTTP API on http://%s:%d/v1", self._host, self.port)
 
-    async def stop(self) -> None:
+    async def stop(self, grace_s: float = 2.0) -> None:
+        """Refuses new connections; lets the requests running finish for up to `grace_s` (stop_now cuts
+        that short), then cancels what is left."""
+        self._server.config.timeout_graceful_shutdown = grace_s
         self._server.should_exit = True
         if self._task is not None:
             await self._task
         self._socket.close()
+
+    def stop_now(self) -> None:
+        """During a `stop`: stops waiting for the running requests."""
+        self._server.force_exit = True

@@ -59,25 +59,20 @@ async def start_gateway_server(
             await backends.close()
             raise
 
-    async def cleanup() -> None:
-        if http is not None:
-            await http.stop()
-        await backends.close()
-
     server = await start_server(
         lambda server: gateway_pb2_grpc.add_GatewayServicer_to_server(servicer, server),
-        [SERVICE_NAME], host, port, ready_file, cleanup=cleanup,
+        [SERVICE_NAME], host, port, ready_file, cleanup=backends.close,
         metrics_registry=metrics.registry, metrics_port=metrics_port, max_receive_bytes=config.max_request_bytes,
         credentials=tls.credentials() if tls else None, unix_socket=unix_socket,
     )
     server.busy_poll = poll
     if http is not None:
         await http.start()
-        server.http_port = http.port
+        server.http = http  # drained beside the gRPC streams when the server stops
     return server
 
 
 def run(args: argparse.Namespace, config: GatewayConfig) -> None:
     asyncio.run(serve_until_signal(lambda: start_gateway_server(
         config, args.host, args.port, args.ready_file, args.metrics_port, args.http_port, server_tls_config(args),
-        args.busy_poll, args.idle_poll, args.unix_socket), args.cpus))
+        args.busy_poll, args.idle_poll, args.unix_socket), args.cpus, args.shutdown_grace_s))

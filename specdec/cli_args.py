@@ -15,6 +15,7 @@ from engine.model_runner import RuntimeConfig
 from specdec.busy_poll import MODES as BUSY_POLL_MODES
 from specdec.cpu_affinity import parse_cpus
 from specdec.errors import SpecdecError
+from specdec.serving import DEFAULT_SHUTDOWN_GRACE_S
 from specdec.request_id import JsonFormatter, RequestIdFilter
 
 
@@ -32,6 +33,9 @@ def add_server_args(parser: argparse.ArgumentParser, prefix: str, default_port: 
     parser.add_argument("--unix-socket", type=Path, default=env("unix_socket", None),
                         help="listen on this Unix socket as well: callers on the same host (a gateway beside its model "
                              "services: --target unix:PATH) then skip the TCP stack on every message")
+    parser.add_argument("--shutdown-grace-s", type=float, default=env("shutdown_grace_s", DEFAULT_SHUTDOWN_GRACE_S),
+                        help="on SIGTERM/SIGINT, refuse new requests and let running ones finish for up to this long "
+                             "(a second signal ends them at once)")
     parser.add_argument("--ready-file", type=Path, default=env("ready_file", None),
                         help="write HOST:PORT here once serving (for launchers)")
     parser.add_argument("--log-level", default=env("log_level", "INFO"))

@@ -12,6 +12,7 @@ import signal
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -46,6 +47,9 @@ STATUS_OF_ERROR: dict[type[SpecdecError], grpc.StatusCode] = {
     PermissionDeniedError: grpc.StatusCode.PERMISSION_DENIED,
 }
 
+# How long a stopping service lets its running requests finish (--shutdown-grace-s): a generation of
+# thousands of tokens, so a rolling restart or a scale-down cuts none (compose's stop_grace_period is longer).
+DEFAULT_SHUTDOWN_GRACE_S = 30.0
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # tokenizer files of large vocabularies reach ~10 MB
 SERVER_OPTIONS = [  # the receive limit is start_server's max_receive_bytes
     ("grpc.so_reuseport", 0),  # a stale server must not silently share our port
@@ -192,14 +196,24 @@ class BusyPollInterceptor(grpc.aio.ServerInterceptor):
         return wrapped
 
 
+class Drainable(Protocol):
+    """A server beside the gRPC one that stops with it (the gateway's HTTP API)."""
+
+    port: int
+
+    async def stop(self, grace_s: float) -> None: ...
+
+    def stop_now(self) -> None: ...
+
+
 @dataclass
 class RunningServer:
     server: grpc.aio.Server
     port: int
     health: health.aio.HealthServicer
-    cleanup: Callable[[], Awaitable[None]] | None = None  # stops what the servicers use
+    cleanup: Callable[[], Awaitable[None]] | None = None  # stops what the servicers use, once no RPC runs
     metrics: MetricsServer | None = None
-    http_port: int | None = None  # the gateway's OpenAI-compatible HTTP port, when served
+    http: Drainable | None = None  # the gateway's OpenAI-compatible HTTP API, when served
     busy_poll: BusyPoll | None = None  # polls while streams are open; None: the loop and CPUs sleep when idle
     unix_socket: Path | None = None  # also listening here; removed on stop
 
@@ -207,10 +221,15 @@ class RunningServer:
     def metrics_port(self) -> int | None:
         return self.metrics.port if self.metrics is not None else None
 
+    @property
+    def http_port(self) -> int | None:
+        return self.http.port if self.http is not None else None
+
     async def stop(self, grace_s: float = 2.0) -> None:
-        """Reports NOT_SERVING, lets in-flight RPCs finish for `grace_s`, then cleans up."""
+        """Reports NOT_SERVING and refuses new RPCs (and HTTP requests); lets those running finish for up to
+        `grace_s` (stop_now cuts that short), then ends what is left and cleans up."""
         await self.health.enter_graceful_shutdown()
-        await self.server.stop(grace_s)
+        await asyncio.gather(self.server.stop(grace_s), *([self.http.stop(grace_s)] if self.http else []))
         if self.cleanup is not None:
             await self.cleanup()
         if self.metrics is not None:
@@ -219,6 +238,12 @@ class RunningServer:
             self.busy_poll.close()
         if self.unix_socket is not None:
             self.unix_socket.unlink(missing_ok=True)
+
+    async def stop_now(self) -> None:
+        """During a `stop`: ends the RPCs and requests still running at once (gRPC keeps the smallest grace)."""
+        if self.http is not None:
+            self.http.stop_now()
+        await self.server.stop(0)
 
 
 async def start_server(
@@ -297,16 +322,26 @@ def _bind_unix_socket(server: grpc.aio.Server, path: Path, credentials: grpc.Ser
         raise OSError(f"cannot listen on {address}")
 
 
-async def serve_until_signal(start: Callable[[], Awaitable], cpus: frozenset[int] | None = None) -> None:
-    """Runs a server made by `start()` until SIGINT/SIGTERM, then stops it gracefully. `cpus` (--cpus):
-    once it serves, the process's threads run on these alone (specdec/cpu_affinity.py); its model
-    loaded and compiled on every CPU."""
+async def serve_until_signal(start: Callable[[], Awaitable[RunningServer]], cpus: frozenset[int] | None = None,
+                             grace_s: float = DEFAULT_SHUTDOWN_GRACE_S) -> None:
+    """Runs a server made by `start()` until SIGINT/SIGTERM, then stops it gracefully: new RPCs are refused
+    and those running get up to `grace_s` (--shutdown-grace-s) to finish; a second signal ends them at
+    once. `cpus` (--cpus): once it serves, the process's threads run on these alone
+    (specdec/cpu_affinity.py); its model loaded and compiled on every CPU."""
     server = await start()
     if cpus is not None:
         pin_process(cpus)
-    stop = asyncio.Event()
+    signals: asyncio.Queue[int] = asyncio.Queue()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
-    await server.stop()
+        loop.add_signal_handler(sig, signals.put_nowait, sig)
+    await signals.get()
+    log.info("stopping: running requests have up to %g s to finish (signal again to end them now)", grace_s)
+    stopping = asyncio.ensure_future(server.stop(grace_s))
+    again = asyncio.ensure_future(signals.get())
+    await asyncio.wait([stopping, again], return_when=asyncio.FIRST_COMPLETED)
+    if not stopping.done():
+        log.warning("second signal: ending the running requests now")
+        await server.stop_now()
+    again.cancel()
+    await stopping

@@ -54,5 +54,5 @@ def run(args: argparse.Namespace, config: RuntimeConfig) -> None:
         lambda: start_target_server(runner, args.host, args.port, engine_config, args.ready_file, executor,
                                     args.metrics_port, server_tls_config(args), busy_poll, idle_poll,
                                     args.unix_socket),
-        args.cpus,
+        args.cpus, args.shutdown_grace_s,
     ))
