@@ -29,7 +29,8 @@ kernels without programmatic dependent launch (engine/pdl.py), which its service
 every running service's threads pinned to a CPU of its own from here (the same affinity --cpus
 sets, on the same processes): `*_pinned` metrics. `--mps` runs the services under a CUDA MPS daemon of
 this run's own (bench/mps.py: one GPU context for the draft and the target, no context switch at each
-hand-over; the HF baseline runs after it has quit).
+hand-over; the HF baseline runs after it has quit). The gateways reach the model services over their
+Unix sockets (--unix-socket), as `specdec-launch` wires a trio on one host; `--tcp` over loopback TCP.
 Usage: python bench/gpu_e2e.py [--tiny] [--skip-hf] [--layer-kernels auto|fused|reference]
                                [--batches 1 8] [--ks 2 4] [--draft-ahead] [--draft-gpu N]
                                [--draft-head-rows N] [--draft-quantize none|int8|w8a8] [--busy-poll auto|on|off]
@@ -253,6 +254,9 @@ def main() -> None:
                         help="every service keeps the host's idle CPUs polling while streams are open (specdec/idle_cpus.py)")
     parser.add_argument("--pin-services", action="store_true",
                         help="each service on a CPU of its own once serving (--cpus; specdec/cpu_affinity.py)")
+    parser.add_argument("--tcp", action="store_true",
+                        help="the gateways reach the model services over loopback TCP, not their Unix sockets "
+                             "(--unix-socket, as specdec-launch wires them; until 2026-12-05 every run did)")
     parser.add_argument("--idle-cpus-ab", action="store_true",
                         help="services with --idle-poll off; measure again with this process's idle-CPU spinners")
     parser.add_argument("--pin-ab", action="store_true",
@@ -272,7 +276,7 @@ def main() -> None:
     dtype = "float32" if args.tiny else "bfloat16"
     target_shape, draft_shape = (TINY, TINY) if args.tiny else (LLAMA_8B, LLAMA_1B)
     metrics: dict[str, float] = {}
-    details: dict[str, dict] = {}
+    details: dict[str, dict] = {"links": {"gateway_to_models": "tcp" if args.tcp else "unix_socket"}}
     with tempfile.TemporaryDirectory(prefix="specdec-e2e-") as tmp:
         work = Path(tmp)
         tokenizer = build_tokenizer()
@@ -314,7 +318,10 @@ def main() -> None:
             if idle_cpus is not None:
                 stack.callback(idle_cpus.close)
             started = time.perf_counter()
-            target = trio.wait_ready(trio.spawn("target", "target_service", ["--model", target_model, *common, *pin()]), 900)
+            target_service = trio.spawn("target", "target_service", ["--model", target_model, *common, *pin()],
+                                        unix_socket=not args.tcp)
+            trio.wait_ready(target_service, 900)
+            target = target_service.local_address()  # the gateways' link to it (a Unix socket unless --tcp)
             metrics["target_start_s"] = time.perf_counter() - started
             plain_gateway = trio.spawn("gateway-plain", "gateway", ["--target", target, "--draft", "none", "--log-level", "WARNING", *polling, *pin()])
             plain = trio.wait_ready(plain_gateway, 60)
@@ -342,11 +349,13 @@ def main() -> None:
             continuations = work / "continuations.json"
             continuations.write_text("[]")
             started = time.perf_counter()
-            draft = trio.wait_ready(trio.spawn("draft", "bench.oracle_draft", [
+            draft_service = trio.spawn("draft", "bench.oracle_draft", [
                 "--model", draft_model, "--continuations", str(continuations),
                 "--alphas", *map(str, ALPHAS), *(["--draft-ahead"] if args.draft_ahead else []),
                 "--quantize", args.draft_quantize, *common, *pin()],
-                env=draft_env), 900)
+                env=draft_env, unix_socket=not args.tcp)
+            trio.wait_ready(draft_service, 900)
+            draft = draft_service.local_address()
             metrics["draft_start_s"] = time.perf_counter() - started
             spec_gateway = trio.spawn("gateway", "gateway", ["--target", target, "--draft", draft, "--log-level", "WARNING", *polling, *pin()])
             gateway = trio.wait_ready(spec_gateway, 60)
