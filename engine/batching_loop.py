@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
 from engine.gpu_work import GpuWork, run_polling, run_to_end
+from specdec.errors import ServiceUnavailableError
 
 J = TypeVar("J")
 R = TypeVar("R")
@@ -82,8 +83,11 @@ class ReturningCallers:
                    for state in self._callers.values())
 
 
+STOPPED_MESSAGE = "this engine has stopped (its service is shutting down, or its draft was replaced): retry"
+
+
 def _stopped_process(jobs: list) -> list:
-    raise RuntimeError("the batching loop is stopped")
+    raise ServiceUnavailableError(STOPPED_MESSAGE)
 
 
 class BatchingLoop(Generic[J, R]):
@@ -124,6 +128,7 @@ class BatchingLoop(Generic[J, R]):
         self._phase_of = phase_of
         self.observer: ForwardObserver | None = None  # set by the service that exports metrics
         self._pending: list[tuple[J, asyncio.Future[R], asyncio.Task]] = []  # job, its answer, its caller
+        self._in_flight: list[tuple[J, asyncio.Future[R], asyncio.Task]] = []  # the batch the loop's task runs
         self._wakeup = asyncio.Event()
         # where the model and KV pool are touched: this single worker thread (CPU), or the loop's (`inline`)
         self.executor = executor or torch_thread()
@@ -141,21 +146,29 @@ class BatchingLoop(Generic[J, R]):
         model, which hold the loop) is freed as soon as nothing else holds it. Otherwise the two would
         form a reference cycle, as would the cancelled task's traceback (its frame holds the loop), and
         a replaced draft's weights and KV pool would stay allocated until a full garbage collection:
-        in a service that allocates little, many swaps later."""
+        in a service that allocates little, many swaps later. Jobs not answered yet, and any submitted
+        after, fail with ServiceUnavailableError (UNAVAILABLE: the gateway moves the request on) rather
+        than wait forever."""
         self._stopped = True
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
+        for _, future, _ in [*self._in_flight, *self._pending]:
+            if not future.done():
+                future.set_exception(ServiceUnavailableError(STOPPED_MESSAGE))
+        self._in_flight, self._pending = [], []
         self.executor.shutdown(wait=True)
         self._process = _stopped_process
         self._inline = None
 
     async def submit(self, job: J) -> R:
+        if self._stopped:
+            raise ServiceUnavailableError(STOPPED_MESSAGE)
         loop = asyncio.get_running_loop()
         caller = asyncio.current_task()
         returning = self._callers.submitted(caller, loop.time())
-        if returning and self._is_alone() and not (self._pending or self._running or self._stopped):
+        if returning and self._is_alone() and not (self._pending or self._running):
             # a caller back alone, nothing else in flight: its job runs here, in its own task, not handed
             # to the loop's task and back (a first job goes there: others may join it in this iteration)
             [result] = self._run_inline([job])
@@ -195,6 +208,7 @@ class BatchingLoop(Generic[J, R]):
                 batch = [entry for entry in batch if not entry[1].done()]  # drop cancelled
                 if not batch:
                     continue
+                self._in_flight = batch
                 jobs = [job for job, _, _ in batch]
                 if self._is_alone():
                     results = self._run_inline(jobs)
@@ -213,6 +227,7 @@ class BatchingLoop(Generic[J, R]):
                         self._running = False
                         self._run_deferred()
                 self._answer(batch, results)
+                self._in_flight = []
 
     def _run_inline(self, jobs: list[J]) -> list[R | Exception | None]:
         """Runs a batch on the event loop's thread, inside `inline()`, its GPU waits blocking."""

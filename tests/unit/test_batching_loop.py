@@ -8,7 +8,10 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 
+import pytest
+
 from engine.batching_loop import BatchingLoop, ReturningCallers
+from specdec.errors import ServiceUnavailableError
 
 NUM_STREAMS = 8
 NUM_STEPS = 8
@@ -336,8 +339,9 @@ def test_a_release_during_a_batch_in_flight_runs_on_the_loop_after_the_batch():
     assert events == ["released", "read", "release during", "release after"]
 
 
-def test_a_stop_while_a_batch_waits_for_its_gpu_work_ends_the_loop_at_once():
-    """A shutdown during a polled batch whose GPU work never ends (a hung device) does not hang."""
+def test_a_stop_while_a_batch_waits_for_its_gpu_work_ends_the_loop_and_fails_the_batch_at_once():
+    """A shutdown during a polled batch whose GPU work never ends (a hung device) does not hang, and the
+    batch's caller gets UNAVAILABLE's error instead of waiting forever."""
     ready = _Ready()
 
     def process(jobs: list[int]):
@@ -349,9 +353,22 @@ def test_a_stop_while_a_batch_waits_for_its_gpu_work_ends_the_loop_at_once():
         loop, other, submitted = await _job_polled_beside_another_stream(process)
         assert ready.num_queries > 0 and not submitted.done()
         await asyncio.wait_for(loop.stop(), 1)
-        for task in (other, submitted):
-            task.cancel()
-        await asyncio.gather(other, submitted, return_exceptions=True)
+        with pytest.raises(ServiceUnavailableError, match="this engine has stopped"):
+            await asyncio.wait_for(submitted, 1)
+        other.cancel()
+        await asyncio.gather(other, return_exceptions=True)
+
+    asyncio.run(main())
+
+
+def test_a_job_submitted_after_stop_fails_at_once_not_waits_forever():
+    async def main() -> None:
+        loop: BatchingLoop[int, int] = BatchingLoop(lambda jobs: jobs, max_batch_size=4)
+        loop.start()
+        assert await loop.submit(1) == 1
+        await loop.stop()
+        with pytest.raises(ServiceUnavailableError, match="retry"):
+            await asyncio.wait_for(loop.submit(2), 1)
 
     asyncio.run(main())
 
