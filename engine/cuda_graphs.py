@@ -24,11 +24,11 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 import torch
-from tqdm import tqdm
 
 from engine.batch import ForwardBatch, StepInput
 from engine.kv_cache import SCRATCH_BLOCK, KVPool
 from engine.llama import AttentionFn, CausalLM
+from engine.progress import progress
 
 T = TypeVar("T")
 
@@ -123,13 +123,13 @@ class CudaGraphRunner:
         prefills = sorted(self._prefill_buckets, reverse=True)
         shapes = [(b, q) for b in sorted(self._config.batch_buckets, reverse=True)
                   for q in sorted(self._config.query_buckets, reverse=True)]
-        with tqdm(total=len(prefills) + len(shapes), desc="capturing CUDA graphs", unit="graph") as progress:
+        with progress(len(prefills) + len(shapes), "capturing CUDA graphs", "graph") as bar:
             for q in prefills:
                 self._prefills[q] = self._capture_prefill(q)
-                progress.update()
+                bar.update()
             for b, q in shapes:
                 self._graphs[(b, q)] = self._capture(b, q)
-                progress.update()
+                bar.update()
 
     def can_run(self, steps: list[StepInput]) -> bool:
         return (len(steps) <= self._config.batch_buckets[-1]

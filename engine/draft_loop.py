@@ -22,13 +22,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
 from engine.batch import ForwardBatch, StepInput
 from engine.cuda_graphs import StaticInputs, buckets_covering, capture
 from engine.gpu_work import GpuWork, run_to_end
 from engine.kv_cache import SCRATCH_BLOCK
 from engine.model_runner import POSITION_HEADROOM, ModelRunner
+from engine.progress import progress
 from engine.sampling import Distribution, SamplingParams, as_int64, sample_draft
 
 
@@ -226,12 +226,12 @@ class DraftLoop:
 
     def _capture_all(self) -> None:
         c, shapes = self._config, self._shapes()
-        with tqdm(total=len(shapes) * c.max_steps, desc="capturing draft-loop CUDA graphs", unit="graph") as progress:
+        with progress(len(shapes) * c.max_steps, "capturing draft-loop CUDA graphs", "graph") as bar:
             for shape in shapes:
                 loop = self._build(*shape)
                 for step in loop.steps:  # in order: each step's warm-up reads the picks of the one before
                     loop.graphs.append(capture(step, self._pool)[0])
-                    progress.update()
+                    bar.update()
                 self._loops[shape] = loop
 
     def _build(self, b: int, q: int, sampled: bool) -> _DeviceLoop:

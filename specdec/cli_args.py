@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TypeVar
 
 import torch
+from transformers.utils import logging as transformers_logging
 
 from engine.model_runner import RuntimeConfig
 from specdec.busy_poll import MODES as BUSY_POLL_MODES
@@ -160,11 +161,14 @@ def _cpus(text: str) -> frozenset[int]:
 
 
 def setup_logging(level: str, log_format: str = "text") -> None:
-    """Every record carries the request id of the RPC it was logged in ("-" outside one)."""
+    """Every record carries the request id of the RPC it was logged in ("-" outside one). With `json`,
+    stderr carries log records alone: no progress bars (transformers' weight loading, the hub's downloads,
+    our graph captures: engine.progress), whose lines a log pipeline would take for broken records."""
     handler = logging.StreamHandler()
     handler.addFilter(RequestIdFilter())
     if log_format == "json":
         handler.setFormatter(JsonFormatter())
+        transformers_logging.disable_progress_bar()
     else:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s [%(request_id)s]: %(message)s"))
     logging.basicConfig(level=level.upper(), handlers=[handler])
