@@ -41,6 +41,16 @@ def generate(stub: gateway_pb2_grpc.GatewayStub, **fields) -> tuple[list[int], s
     return completion.token_ids, completion.text, completion.final
 
 
+def start_streaming(stub: gateway_pb2_grpc.GatewayStub, min_tokens: int = 20, **fields) -> tuple[Any, list[int]]:
+    """Starts a streaming Generate and reads its first `min_tokens`-odd tokens (a few steps in): for the tests
+    that break something mid-request. Returns the call and the tokens read."""
+    call = stub.Generate(gateway_pb2.GenerateRequest(**fields), timeout=300)
+    received: list[int] = []
+    while len(received) < min_tokens:
+        received += next(call).token_ids
+    return call, received
+
+
 def seed_ending_at_eos(stub: gateway_pb2_grpc.GatewayStub, seeds: int = 64, **fields) -> tuple[int, list[int]]:
     """The first seed whose sampled completion ends at an end-of-sequence token, and its token ids; with
     the tiny models' near-flat 400-token distribution some seed of the first few dozen does."""

@@ -98,6 +98,13 @@ def cluster(tmp_path_factory, long_models):
         cluster.stop()
 
 
+@pytest.fixture
+def replicas_up(cluster):
+    """Every replica running and idle when a test starts (a test before may have killed or stopped one)."""
+    cluster.ensure_running()
+    cluster.wait_idle()
+
+
 @pytest.fixture(scope="session")
 def cluster_gateway_port(loop, cluster) -> int:
     """A gateway over both pools; a draft that is silent for 1 s is dropped from the request."""

@@ -13,7 +13,7 @@ from harness import generate
 from specdec.processes import Replica
 from specdec.v1 import gateway_pb2, gateway_pb2_grpc
 
-pytestmark = pytest.mark.slow  # starts service processes
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("replicas_up")]  # starts service processes
 PROMPT = "The quick brown fox jumps over the lazy dog."
 REQUEST = {"prompt": PROMPT, "max_new_tokens": 1500, "num_draft_tokens": 3}
 # A client process that streams one long request and prints each chunk's token count as it comes.
@@ -25,12 +25,6 @@ stub = gateway_pb2_grpc.GatewayStub(grpc.insecure_channel(sys.argv[1]))
 for chunk in stub.Generate(gateway_pb2.GenerateRequest(prompt=sys.argv[2], max_new_tokens=1500, num_draft_tokens=3)):
     print(len(chunk.token_ids), flush=True)
 """
-
-
-@pytest.fixture(autouse=True)
-def all_replicas_up(cluster):
-    cluster.ensure_running()
-    cluster.wait_idle()
 
 
 def _wait_holding(cluster) -> None:

@@ -6,10 +6,9 @@ from __future__ import annotations
 import time
 
 import pytest
-from harness import generate
+from harness import generate, start_streaming
 
 from specdec.client import collect
-from specdec.v1 import gateway_pb2
 
 pytestmark = pytest.mark.slow  # starts service processes
 PROMPT = "The quick brown fox jumps over the lazy dog."
@@ -17,9 +16,7 @@ MAX_NEW_TOKENS = 800
 
 
 @pytest.fixture(autouse=True)
-def all_replicas_up(cluster):
-    cluster.ensure_running()
-    cluster.wait_idle()
+def all_replicas_up(replicas_up, cluster):
     yield
     for replica in cluster.replicas:
         if replica.is_running():
@@ -36,13 +33,7 @@ def reference(cluster, cluster_gateway) -> list[int]:
 
 
 def _start(stub, **fields):
-    """Starts a streaming request and reads its first 20-odd tokens (a few speculative steps)."""
-    call = stub.Generate(gateway_pb2.GenerateRequest(prompt=PROMPT, max_new_tokens=MAX_NEW_TOKENS, **fields),
-                         timeout=300)
-    received: list[int] = []
-    while len(received) < 20:
-        received += next(call).token_ids
-    return call, received
+    return start_streaming(stub, prompt=PROMPT, max_new_tokens=MAX_NEW_TOKENS, **fields)
 
 
 def _finish(call, received):

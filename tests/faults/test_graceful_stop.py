@@ -6,21 +6,15 @@ import time
 
 import grpc
 import pytest
-from harness import channel, generate
+from harness import channel, generate, start_streaming
 
 from specdec.client import collect
 from specdec.processes import Replica
 from specdec.v1 import gateway_pb2, gateway_pb2_grpc
 
-pytestmark = pytest.mark.slow  # starts service processes
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("replicas_up")]  # starts service processes
 PROMPT = "Speculative decoding: a draft proposes, the target verifies."
 MAX_NEW_TOKENS = 2000  # ~5 s of decoding on a 2-core CPU: longer than a short grace would allow
-
-
-@pytest.fixture(autouse=True)
-def all_replicas_up(cluster):
-    cluster.ensure_running()
-    cluster.wait_idle()
 
 
 @pytest.fixture(scope="module")
@@ -43,13 +37,8 @@ def gateway_process(cluster, tmp_path):
     gateway.stop()
 
 
-def _start(stub, num_draft_tokens: int = 3):
-    call = stub.Generate(gateway_pb2.GenerateRequest(prompt=PROMPT, max_new_tokens=MAX_NEW_TOKENS, ignore_eos=True,
-                                                     num_draft_tokens=num_draft_tokens), timeout=300)
-    received: list[int] = []
-    while len(received) < 20:
-        received += next(call).token_ids
-    return call, received
+def _start(stub):
+    return start_streaming(stub, prompt=PROMPT, max_new_tokens=MAX_NEW_TOKENS, ignore_eos=True, num_draft_tokens=3)
 
 
 def test_a_target_stopped_mid_request_finishes_it_there_while_new_requests_go_elsewhere(cluster, cluster_gateway,

@@ -5,20 +5,13 @@ from __future__ import annotations
 
 import grpc
 import pytest
-from harness import generate
+from harness import generate, start_streaming
 
 from specdec.client import collect
-from specdec.v1 import gateway_pb2
 
-pytestmark = pytest.mark.slow  # starts service processes
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("replicas_up")]  # starts service processes
 PROMPT = "Speculative decoding: a draft proposes, the target verifies."
 MAX_NEW_TOKENS = 800
-
-
-@pytest.fixture(autouse=True)
-def all_replicas_up(cluster):
-    cluster.ensure_running()
-    cluster.wait_idle()
 
 
 @pytest.fixture(scope="module")
@@ -30,12 +23,7 @@ def reference(cluster, cluster_gateway) -> list[int]:
 
 
 def _start(stub, num_draft_tokens: int):
-    call = stub.Generate(gateway_pb2.GenerateRequest(prompt=PROMPT, max_new_tokens=MAX_NEW_TOKENS,
-                                                     num_draft_tokens=num_draft_tokens), timeout=300)
-    received: list[int] = []
-    while len(received) < 20:
-        received += next(call).token_ids
-    return call, received
+    return start_streaming(stub, prompt=PROMPT, max_new_tokens=MAX_NEW_TOKENS, num_draft_tokens=num_draft_tokens)
 
 
 @pytest.mark.parametrize("k", [0, 3])
