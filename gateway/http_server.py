@@ -50,6 +50,10 @@ class HttpServer:
             await self._task
         self._socket.close()
 
+    def close(self) -> None:
+        """Lets go of the bound port of a server never started."""
+        self._socket.close()
+
     def stop_now(self) -> None:
         """During a `stop`: stops waiting for the running requests."""
         self._server.force_exit = True

@@ -59,12 +59,18 @@ async def start_gateway_server(
             await backends.close()
             raise
 
-    server = await start_server(
-        lambda server: gateway_pb2_grpc.add_GatewayServicer_to_server(servicer, server),
-        [SERVICE_NAME], host, port, ready_file, cleanup=backends.close,
-        metrics_registry=metrics.registry, metrics_port=metrics_port, max_receive_bytes=config.max_request_bytes,
-        credentials=tls.credentials() if tls else None, unix_socket=unix_socket,
-    )
+    try:
+        server = await start_server(
+            lambda server: gateway_pb2_grpc.add_GatewayServicer_to_server(servicer, server),
+            [SERVICE_NAME], host, port, ready_file, cleanup=backends.close,
+            metrics_registry=metrics.registry, metrics_port=metrics_port, max_receive_bytes=config.max_request_bytes,
+            credentials=tls.credentials() if tls else None, unix_socket=unix_socket,
+        )
+    except BaseException:  # a busy port, a bad socket path: let go of what was opened for it
+        if http is not None:
+            http.close()
+        await backends.close()
+        raise
     server.busy_poll = poll
     if http is not None:
         await http.start()

@@ -75,3 +75,16 @@ def test_a_unix_socket_that_cannot_be_made_fails_the_start_clearly(loop, tmp_pat
         loop.run(start_server(lambda s: None, [], "127.0.0.1", 0, unix_socket=path))
     if kind == "file":
         assert path.read_text() == "keep me"
+
+
+def test_a_gateway_whose_socket_cannot_be_made_fails_its_start_and_frees_its_http_port(loop, target_server, tmp_path):
+    with socket.socket() as probe:  # a free port, given back for the gateway's HTTP API
+        probe.bind(("127.0.0.1", 0))
+        http_port = probe.getsockname()[1]
+    # the port must be let go by the failed start itself, while its error (and so its frames) is still held
+    with pytest.raises(OSError, match="cannot listen on unix:") as failed:
+        loop.run(start_gateway_server(GatewayConfig(f"127.0.0.1:{target_server.port}", None), http_port=http_port,
+                                      unix_socket=tmp_path / "missing" / "gateway.sock"))
+    with socket.socket() as again:
+        again.bind(("127.0.0.1", http_port))  # "address in use" while the failed start holds it
+    assert failed.value.__traceback__ is not None
