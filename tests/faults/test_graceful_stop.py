@@ -2,7 +2,10 @@
 running ones finish where they are (--shutdown-grace-s); a second signal ends them at once."""
 from __future__ import annotations
 
+import json
+import socket
 import time
+import urllib.request
 
 import grpc
 import pytest
@@ -28,11 +31,17 @@ def reference(cluster, cluster_gateway) -> list[int]:
 
 @pytest.fixture
 def gateway_process(cluster, tmp_path):
-    """A gateway of its own, as a process (the CLI: its signal handling is what is tested)."""
+    """A gateway of its own, as a process (the CLI: its signal handling is what is tested), with the OpenAI
+    HTTP API on `http_port`."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        http_port = probe.getsockname()[1]
     gateway = Replica("gateway", "gateway", [
         "--target", "ipv4:" + ",".join(t.address for t in cluster.targets),
-        "--draft", "ipv4:" + ",".join(d.address for d in cluster.drafts), "--shutdown-grace-s", "60"], tmp_path)
+        "--draft", "ipv4:" + ",".join(d.address for d in cluster.drafts), "--shutdown-grace-s", "60",
+        "--http-port", str(http_port), "--served-model-name", "graceful"], tmp_path)
     gateway.start()
+    gateway.http_port = http_port
     yield gateway
     gateway.stop()
 
@@ -70,6 +79,22 @@ def test_a_gateway_stopped_mid_stream_finishes_it_and_refuses_new_ones(gateway_p
     assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
     assert received + rest.token_ids == reference
     assert rest.final.finish_reason == gateway_pb2.FINISH_REASON_LENGTH
+    assert gateway_process.process.wait(30) == 0
+
+
+def test_a_gateway_stopped_mid_http_stream_finishes_it(gateway_process, reference):
+    body = {"model": "graceful", "prompt": PROMPT, "max_tokens": MAX_NEW_TOKENS, "ignore_eos": True, "stream": True,
+            "temperature": 0}
+    request = urllib.request.Request(f"http://127.0.0.1:{gateway_process.http_port}/v1/completions",
+                                     json.dumps(body).encode(), {"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=300) as response:
+        events = [response.readline() for _ in range(20)]  # some chunks in: the stream is running
+        gateway_process.process.terminate()
+        events += response.readlines()
+    data = [line[len(b"data: "):].strip() for line in events if line.startswith(b"data: ")]
+    assert data[-1] == b"[DONE]"
+    chunks = [json.loads(d) for d in data[:-1]]
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
     assert gateway_process.process.wait(30) == 0
 
 
