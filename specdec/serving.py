@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import signal
+import socket
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -308,8 +309,12 @@ async def start_server(
 
 
 def _bind_unix_socket(server: grpc.aio.Server, path: Path, credentials: grpc.ServerCredentials | None) -> None:
-    """Listens on `path` too; a socket left there by a killed server is replaced, any other file refused."""
+    """Listens on `path` too; a socket left there by a killed server is replaced; one a live server listens
+    on, or any other file, is refused."""
     if path.is_socket():
+        with socket.socket(socket.AF_UNIX) as probe:
+            if probe.connect_ex(str(path)) == 0:
+                raise OSError(f"cannot listen on unix:{path}: another server is listening there")
         path.unlink()
     elif path.exists():
         raise OSError(f"cannot listen on unix:{path}: a file that is not a socket is there")

@@ -62,6 +62,18 @@ def test_a_socket_left_by_a_killed_server_is_replaced(loop, tmp_path):
         loop.run(server.stop())
 
 
+def test_a_socket_a_live_server_listens_on_is_refused_and_that_server_keeps_serving(loop, tmp_path):
+    path = tmp_path / "taken.sock"
+    first = loop.run(start_server(lambda s: None, [], "127.0.0.1", 0, unix_socket=path))
+    try:
+        with pytest.raises(OSError, match="another server is listening there"):
+            loop.run(start_server(lambda s: None, [], "127.0.0.1", 0, unix_socket=path))
+        with grpc.insecure_channel(f"unix:{path}") as c:
+            grpc.channel_ready_future(c).result(timeout=10)
+    finally:
+        loop.run(first.stop())
+
+
 @pytest.mark.parametrize("kind", ["file", "missing_directory"])
 def test_a_unix_socket_that_cannot_be_made_fails_the_start_clearly(loop, tmp_path, kind):
     path = tmp_path / "not-a-socket"
