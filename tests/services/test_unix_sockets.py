@@ -74,6 +74,12 @@ def test_a_socket_a_live_server_listens_on_is_refused_and_that_server_keeps_serv
         loop.run(first.stop())
 
 
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
 @pytest.mark.parametrize("kind", ["file", "missing_directory"])
 def test_a_unix_socket_that_cannot_be_made_fails_the_start_clearly(loop, tmp_path, kind):
     path = tmp_path / "not-a-socket"
@@ -90,9 +96,7 @@ def test_a_unix_socket_that_cannot_be_made_fails_the_start_clearly(loop, tmp_pat
 
 
 def test_a_gateway_whose_socket_cannot_be_made_fails_its_start_and_frees_its_http_port(loop, target_server, tmp_path):
-    with socket.socket() as probe:  # a free port, given back for the gateway's HTTP API
-        probe.bind(("127.0.0.1", 0))
-        http_port = probe.getsockname()[1]
+    http_port = _free_port()
     # the port must be let go by the failed start itself, while its error (and so its frames) is still held
     with pytest.raises(OSError, match="cannot listen on unix:") as failed:
         loop.run(start_gateway_server(GatewayConfig(f"127.0.0.1:{target_server.port}", None), http_port=http_port,
