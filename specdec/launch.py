@@ -21,6 +21,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from engine.model_source import DEFAULT_MODEL
 from specdec.client import build_request, format_stats, stream
+from specdec.serving import DEFAULT_SHUTDOWN_GRACE_S
 
 # The distilled draft for DEFAULT_MODEL, shipped with the project (python -m distill; docs/distill.md)
 DEFAULT_DRAFT = Path(__file__).resolve().parent.parent / "drafts" / "smollm2-135m-instruct-6l"
@@ -68,13 +69,16 @@ class Trio:
     def wait_ready(self, service: Service, timeout_s: float) -> str:
         return wait_serving(service.name, service.process, service.ready_file, timeout_s)
 
-    def stop(self, timeout_s: float = 10) -> None:
+    def stop(self, timeout_s: float = DEFAULT_SHUTDOWN_GRACE_S + 10) -> None:
+        """SIGTERM to each (a graceful stop: running requests finish within the services' shutdown grace;
+        with none running they exit at once), then SIGKILL to any still running `timeout_s` later."""
         for service in reversed(self.services):
             if service.process.poll() is None:
                 service.process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
         for service in self.services:
             try:
-                service.process.wait(timeout_s)
+                service.process.wait(max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 service.process.kill()
                 service.process.wait()
