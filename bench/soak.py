@@ -2,13 +2,15 @@
 loopback), N concurrent client streams for a while, a mix of requests, and the things that go wrong
 in service: random cancellations and deadlines, bad requests, a target KV pool too small for every
 stream at once (requests wait for room), live draft swaps on both draft replicas (model drafts and
-the n-gram drafter), and one draft and one target replica killed and restarted in the middle.
+the n-gram drafter), one draft and one target replica killed and restarted in the middle, and a
+target replica stopped gracefully (SIGTERM, a rolling restart) and started again.
 
 Each request is one of (weights in REQUEST_MIX):
   greedy    k 0-4 or the gateway's adaptive k; must equal the undisturbed greedy output
             (target-only), or be a prefix of it when cancelled;
   sampled   seeded sampling with k 0 or 3 pinned on the draft "default"; must equal the same request
-            run undisturbed, unless a replica restart overlapped it: a lost draft turns a request
+            run undisturbed, unless a replica kill overlapped it (a graceful stop must change nothing:
+            its running requests finish on it, new ones go to the other): a lost draft turns a request
             target-only, and a lost target's successor samples the next token from its prefill, where
             the verify may have accepted a draft token; each draws from the target's distribution, but
             not the same sample;
@@ -22,7 +24,7 @@ At the end every KV pool must be empty and memory flat.
 
 Writes bench/results/soak.json (metrics: requests_completed, wrong_outputs, unexpected_errors,
 leaked_kv_blocks, ttft_p50_ms, ttft_p99_ms, rss_mb_before, rss_mb_after, completed_by_kind,
-draft_swaps, max_waiting_sequences, examples (the first wrong outputs, and samples a restart
+draft_swaps, graceful_drain_s, max_waiting_sequences, examples (the first wrong outputs, and samples a restart
 changed), ...). The request mix is bench/soak_clients.py.
 Usage: python bench/soak.py [--duration-s 120] [--streams 32] [--target-kv-tokens 1024]
                             [--out bench/results/soak.json]
@@ -101,6 +103,16 @@ class SoakCluster:
         replica.start()
         disturbances.end(window)
 
+    def restart_gracefully(self, replica: Replica) -> float:
+        """SIGTERM, as a rolling restart sends: the replica refuses new requests, finishes its running ones
+        and exits; then it starts again. No disturbance window: no request may change. Returns how long
+        it took to exit."""
+        started = time.monotonic()
+        replica.stop()
+        drained_s = time.monotonic() - started
+        replica.start()
+        return drained_s
+
     def swap_default_draft(self, name: str, model: str) -> Counter:
         """Loads `model` as `name` on every draft replica and makes it their default; counts the
         outcomes (a replica being restarted just then refuses: UNAVAILABLE)."""
@@ -177,7 +189,7 @@ def run_soak(workdir: Path, duration_s: float, num_streams: int, target_kv_token
             swaps.update(cluster.swap_default_draft("alt", str(drafts[1])))
             time.sleep(min(10.0, duration_s / 6))
             rss_before = cluster.rss_mb()
-            max_waiting = _disturb(cluster, duration_s, drafts, disturbances, swaps)
+            max_waiting, drained_s = _disturb(cluster, duration_s, drafts, disturbances, swaps)
             stop.set()
             for t in threads:
                 t.join(300)
@@ -198,6 +210,7 @@ def run_soak(workdir: Path, duration_s: float, num_streams: int, target_kv_token
         "unexpected_errors": tally.errors.total(),
         "errors_by_kind": dict(tally.errors),
         "draft_swaps": dict(swaps),
+        "graceful_drain_s": drained_s,
         "max_waiting_sequences": max_waiting,
         "leaked_kv_blocks": leaked,
         "ttft_p50_ms": percentile(tally.ttft_s, 0.5) * 1e3,
@@ -214,20 +227,25 @@ def run_soak(workdir: Path, duration_s: float, num_streams: int, target_kv_token
 
 
 def _disturb(cluster: SoakCluster, duration_s: float, drafts: tuple[Path, Path], disturbances: Disturbances,
-             swaps: Counter) -> int:
+             swaps: Counter) -> tuple[int, float]:
     """The run's events: the default draft swapped SWAPS_PER_RUN times (to the first draft, reloaded, then
-    to the other draft or the weightless n-gram drafter under its name), draft0 restarted at 1/3 and
-    target0 at 2/3; returns the most requests seen waiting for target KV room at once."""
-    started, max_waiting = time.monotonic(), 0
-    restarts = {duration_s / 3: cluster.drafts[0], 2 * duration_s / 3: cluster.targets[0]}
+    to the other draft or the weightless n-gram drafter under its name), draft0 killed and restarted at
+    1/3, target0 stopped gracefully and restarted at 1/2, killed and restarted at 2/3; returns the most
+    requests seen waiting for target KV room at once, and how long the graceful stop took."""
+    started, max_waiting, drained_s = time.monotonic(), 0, float("nan")
+    kills = {duration_s / 3: cluster.drafts[0], 2 * duration_s / 3: cluster.targets[0]}
+    graceful = {duration_s / 2: cluster.targets[0]}
     swap_times = [duration_s / SWAPS_PER_RUN * (i + 0.5) for i in range(SWAPS_PER_RUN)]
-    for at_s in sorted([*restarts, *swap_times]):
+    for at_s in sorted([*kills, *graceful, *swap_times]):
         while time.monotonic() < started + at_s:
             max_waiting = max(max_waiting, cluster.num_waiting())
             time.sleep(0.25)
-        if at_s in restarts:
-            print(f"soak: restarting {restarts[at_s].name} at {at_s:.0f} s", file=sys.stderr)
-            cluster.restart(restarts[at_s], disturbances)
+        if at_s in kills:
+            print(f"soak: killing and restarting {kills[at_s].name} at {at_s:.0f} s", file=sys.stderr)
+            cluster.restart(kills[at_s], disturbances)
+        elif at_s in graceful:
+            print(f"soak: stopping {graceful[at_s].name} gracefully and restarting it at {at_s:.0f} s", file=sys.stderr)
+            drained_s = cluster.restart_gracefully(graceful[at_s])
         else:
             name, model = [("default", drafts[0]), ("alt", drafts[1]), ("default", drafts[0]),
                            ("alt", NGRAM)][swap_times.index(at_s) % 4]
@@ -236,7 +254,7 @@ def _disturb(cluster: SoakCluster, duration_s: float, drafts: tuple[Path, Path],
     while time.monotonic() < started + duration_s:
         max_waiting = max(max_waiting, cluster.num_waiting())
         time.sleep(0.25)
-    return max_waiting
+    return max_waiting, drained_s
 
 
 def main(argv: list[str] | None = None) -> None:

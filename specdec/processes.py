@@ -1,5 +1,5 @@
-"""Service processes for fault tests and soak runs: start one on a port, kill it (SIGKILL),
-freeze it (SIGSTOP), bring it back on the same port, read its engine counters."""
+"""Service processes for fault tests and soak runs: start one on a port, kill it (SIGKILL), stop it
+(SIGTERM), freeze it (SIGSTOP), bring it back on the same port, read its engine counters."""
 from __future__ import annotations
 
 import os
@@ -12,6 +12,7 @@ from pathlib import Path
 import grpc
 
 from specdec.launch import wait_serving
+from specdec.serving import DEFAULT_SHUTDOWN_GRACE_S
 from specdec.v1 import common_pb2, draft_pb2_grpc, target_pb2_grpc
 
 START_TIMEOUT_S = 180
@@ -67,12 +68,14 @@ class Replica:
     def resume(self) -> None:
         os.kill(self.process.pid, signal.SIGCONT)
 
-    def stop(self) -> None:
+    def stop(self, timeout_s: float = DEFAULT_SHUTDOWN_GRACE_S + 10) -> None:
+        """SIGTERM (a graceful stop: running requests finish within the service's shutdown grace), then
+        SIGKILL if it still runs `timeout_s` later."""
         if self.is_running():
             self.process.send_signal(signal.SIGCONT)
             self.process.terminate()
             try:
-                self.process.wait(15)
+                self.process.wait(timeout_s)
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()

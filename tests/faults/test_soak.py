@@ -1,7 +1,8 @@
 """A bounded soak (bench/soak.py, 30 s here; `python bench/soak.py` runs 120 s and writes
 bench/results/soak.json): 32 streams of mixed requests (greedy, seeded sampling, stop strings,
 deadlines, bad requests, the OpenAI API), random cancellations, a target KV pool too small for all
-of them at once, live draft swaps, a draft and a target replica killed and restarted in the middle.
+of them at once, live draft swaps, a draft and a target replica killed and restarted in the middle,
+a target replica stopped gracefully (SIGTERM) and restarted.
 No wrong output, no unexpected error, no failed swap, no leaked KV, flat memory."""
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ def test_soak_of_mixed_requests_through_restarts_and_swaps_keeps_every_output_ex
     # a swap may only fail on the replica being restarted just then
     assert metrics["draft_swaps"].get("ok", 0) >= 8 and set(metrics["draft_swaps"]) <= {"ok", "UNAVAILABLE"}
     assert metrics["max_waiting_sequences"] > 0  # the small KV pool made requests wait for room
+    assert metrics["graceful_drain_s"] < 15  # the stopped replica's running requests finished, then it exited
     assert metrics["leaked_kv_blocks"] == 0
     for name, before in metrics["rss_mb_before_by_process"].items():
         assert metrics["rss_mb_after_by_process"][name] < before + 64, f"{name} memory grew: {metrics}"
