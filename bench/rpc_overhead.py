@@ -13,7 +13,8 @@ does not depend on the models: the gateway's is the same on any GPU.
 Default: tiny random Llama models on the CPU (the draft a perturbed copy of the target, so it
 accepts some), where a forward takes ~1 ms and the host work dominates - a reproduction of the host
 overhead measured on the H200 (docs/benchmarks.md, issue 4). `--gpu`: the 8B / 1B shapes of gpu_e2e.py in bf16.
-Usage: python bench/rpc_overhead.py [--gpu] [--layer-kernels auto|fused|reference] [--rounds N] [--out PATH]
+Usage: python bench/rpc_overhead.py [--gpu] [--layer-kernels auto|fused|reference] [--rounds N] [--tcp] [--out PATH]
+The gateways reach the model services over their Unix sockets, as specdec-launch wires them (--tcp: over TCP).
 """
 from __future__ import annotations
 
@@ -110,6 +111,8 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--num-prompts", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=3, help="each configuration's median over rounds is reported")
+    parser.add_argument("--tcp", action="store_true",
+                        help="the gateways reach the model services over loopback TCP, not their Unix sockets")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "rpc_overhead.json")
     args = parser.parse_args()
     device, dtype = ("cuda", "bfloat16") if args.gpu else ("cpu", "float32")
@@ -127,10 +130,13 @@ def main() -> None:
                   "--kv-cache-tokens", str(16 * (args.prompt_tokens * 2 + args.max_new_tokens + 64))]
         trio = Trio(work)
         try:
-            target_service = trio.spawn("target", "target_service", ["--model", target_model, *common])
+            unix = not args.tcp  # the gateways' links, as specdec-launch wires them
+            target_service = trio.spawn("target", "target_service", ["--model", target_model, *common], unix_socket=unix)
             draft_service = trio.spawn("draft", "draft_service", [
-                "--drafter", "model", "--model", draft_model, "--quantize", "none", *common])
-            target, draft = trio.wait_ready(target_service, 900), trio.wait_ready(draft_service, 900)
+                "--drafter", "model", "--model", draft_model, "--quantize", "none", *common], unix_socket=unix)
+            trio.wait_ready(target_service, 900)
+            trio.wait_ready(draft_service, 900)
+            target, draft = target_service.local_address(), draft_service.local_address()
             plain_gateway = trio.spawn("gateway-plain", "gateway", [
                 "--target", target, "--draft", "none", "--log-level", "WARNING"])
             spec_gateway = trio.spawn("gateway", "gateway", [

@@ -26,8 +26,9 @@ spinner the probe had then, as `--busy-poll on` does now at one stream.
 step's parts it times each batched forward's requests: how long before the forward the first and
 the last were sent, and how long after it the first and the last were answered (`batch_parts`).
 Usage: python bench/step_trace.py [--tiny] [--busy-poll auto|on|off] [--draft-quantize none|int8|w8a8]
-                                  [--draft-head-rows N] [--pin-services] [--mps] [--batch N] [--keep-traces DIR]
-                                  [--out PATH]
+                                  [--draft-head-rows N] [--pin-services] [--tcp] [--mps] [--batch N]
+                                  [--keep-traces DIR] [--out PATH]
+The gateways reach the model services over their Unix sockets, as bench/gpu_e2e.py's do (--tcp: over TCP).
 """
 from __future__ import annotations
 
@@ -176,6 +177,8 @@ def main() -> None:
     parser.add_argument("--busy-poll", choices=["auto", "on", "off"], default="auto")
     parser.add_argument("--draft-head-rows", type=int, default=None, help="the draft's LM head keeps this many rows")
     parser.add_argument("--pin-services", action="store_true", help="each service on a CPU of its own (--cpus)")
+    parser.add_argument("--tcp", action="store_true",
+                        help="the gateways reach the model services over loopback TCP, not their Unix sockets")
     parser.add_argument("--mps", action="store_true", help="the services under a CUDA MPS daemon of this run's own (bench/mps.py)")
     parser.add_argument("--keep-traces", type=Path, default=None, help="copy the probes' files here")
     parser.add_argument("--batch", type=int, default=1,
@@ -196,18 +199,21 @@ def main() -> None:
         cpus = cpus_from_the_last()  # --pin-services
         trio = Trio(work)
 
-        def spawn(name: str, module: str, service_args: list[str]) -> str:
+        def spawn(name: str, module: str, service_args: list[str], model: bool = False) -> str:
+            """Its address for this host's callers: a model service's Unix socket (unless --tcp)."""
             env = {"SPECDEC_TRACE_RUN": module, "SPECDEC_TRACE_DIR": str(traces_dir)}
             pin = ["--cpus", str(next(cpus))] if args.pin_services else []
-            return trio.wait_ready(trio.spawn(name, "bench.trace_probe", [*service_args, "--busy-poll", args.busy_poll,
-                                                                          *pin], env=env), 900)
+            service = trio.spawn(name, "bench.trace_probe", [*service_args, "--busy-poll", args.busy_poll, *pin], env=env,
+                                 unix_socket=model and not args.tcp)
+            trio.wait_ready(service, 900)
+            return service.local_address()
 
         windows: dict[str, Interval] = {}
         with ExitStack() as stack:
             if args.mps:  # entered first, so left last: the daemon quits once the services have stopped
                 stack.enter_context(mps.mps_daemon(work))
             stack.callback(trio.stop)
-            target = spawn("target", "target_service", ["--model", target_model, *common])
+            target = spawn("target", "target_service", ["--model", target_model, *common], model=True)
             plain = spawn("gateway-plain", "gateway", ["--target", target, "--draft", "none", "--log-level", "WARNING"])
             with grpc.insecure_channel(plain) as channel:
                 started = time.perf_counter_ns()
@@ -218,7 +224,7 @@ def main() -> None:
             continuations.write_text("[]")
             draft = spawn("draft", "bench.oracle_draft", [
                 "--model", draft_model, "--continuations", str(continuations), "--alphas", "0.8",
-                "--quantize", args.draft_quantize, *common])
+                "--quantize", args.draft_quantize, *common], model=True)
             gateway = spawn("gateway", "gateway", ["--target", target, "--draft", draft, "--log-level", "WARNING"])
             with grpc.insecure_channel(gateway) as channel:
                 stub = gateway_pb2_grpc.GatewayStub(channel)
