@@ -174,8 +174,7 @@ def main() -> None:
             targets = {v.label: spawn(v, "target", "target_service", ["--model", target_model, *common, *v.args], True)
                        for v in variants}
             for v in variants:  # started side by side: the slow part (graph capture) overlaps
-                trio.wait_ready(targets[v.label], 900)
-                v.target = targets[v.label].local_address()
+                v.target = trio.wait_ready(targets[v.label], 900)
                 v.plain = trio.wait_ready(spawn(v, "gateway-plain", "gateway", ["--target", v.target, "--draft", "none",
                                                                                  "--log-level", "WARNING"]), 60)
             drafts = {}
@@ -189,8 +188,7 @@ def main() -> None:
                     "--model", draft_model, "--continuations", str(continuations), "--alphas", "0.8",
                     "--quantize", args.draft_quantize, *common, *v.args], True)
             for v in variants:
-                trio.wait_ready(drafts[v.label], 900)
-                draft = drafts[v.label].local_address()
+                draft = trio.wait_ready(drafts[v.label], 900)
                 v.gateway = trio.wait_ready(spawn(v, "gateway", "gateway", ["--target", v.target, "--draft", draft,
                                                                             "--log-level", "WARNING"]), 60)
                 if v.streams:  # served once, not measured (module doc)

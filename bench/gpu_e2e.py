@@ -318,10 +318,9 @@ def main() -> None:
             if idle_cpus is not None:
                 stack.callback(idle_cpus.close)
             started = time.perf_counter()
-            target_service = trio.spawn("target", "target_service", ["--model", target_model, *common, *pin()],
-                                        unix_socket=not args.tcp)
-            trio.wait_ready(target_service, 900)
-            target = target_service.local_address()  # the gateways' link to it (a Unix socket unless --tcp)
+            # the gateways' link to it: its Unix socket unless --tcp
+            target = trio.wait_ready(trio.spawn("target", "target_service", ["--model", target_model, *common, *pin()],
+                                                unix_socket=not args.tcp), 900)
             metrics["target_start_s"] = time.perf_counter() - started
             plain_gateway = trio.spawn("gateway-plain", "gateway", ["--target", target, "--draft", "none", "--log-level", "WARNING", *polling, *pin()])
             plain = trio.wait_ready(plain_gateway, 60)
@@ -349,13 +348,11 @@ def main() -> None:
             continuations = work / "continuations.json"
             continuations.write_text("[]")
             started = time.perf_counter()
-            draft_service = trio.spawn("draft", "bench.oracle_draft", [
+            draft = trio.wait_ready(trio.spawn("draft", "bench.oracle_draft", [
                 "--model", draft_model, "--continuations", str(continuations),
                 "--alphas", *map(str, ALPHAS), *(["--draft-ahead"] if args.draft_ahead else []),
                 "--quantize", args.draft_quantize, *common, *pin()],
-                env=draft_env, unix_socket=not args.tcp)
-            trio.wait_ready(draft_service, 900)
-            draft = draft_service.local_address()
+                env=draft_env, unix_socket=not args.tcp), 900)
             metrics["draft_start_s"] = time.perf_counter() - started
             spec_gateway = trio.spawn("gateway", "gateway", ["--target", target, "--draft", draft, "--log-level", "WARNING", *polling, *pin()])
             gateway = trio.wait_ready(spec_gateway, 60)

@@ -134,9 +134,7 @@ def main() -> None:
             target_service = trio.spawn("target", "target_service", ["--model", target_model, *common], unix_socket=unix)
             draft_service = trio.spawn("draft", "draft_service", [
                 "--drafter", "model", "--model", draft_model, "--quantize", "none", *common], unix_socket=unix)
-            trio.wait_ready(target_service, 900)
-            trio.wait_ready(draft_service, 900)
-            target, draft = target_service.local_address(), draft_service.local_address()
+            target, draft = trio.wait_ready(target_service, 900), trio.wait_ready(draft_service, 900)
             plain_gateway = trio.spawn("gateway-plain", "gateway", [
                 "--target", target, "--draft", "none", "--log-level", "WARNING"])
             spec_gateway = trio.spawn("gateway", "gateway", [

@@ -32,7 +32,6 @@ Usage: python bench/soak.py [--duration-s 120] [--streams 32] [--target-kv-token
 from __future__ import annotations
 
 import argparse
-import socket
 import sys
 import tempfile
 import threading
@@ -46,6 +45,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "bench"), str(ROOT / "tests")]
 import specdec  # noqa: E402,F401 - before grpc: it picks gRPC's poller (specdec/__init__.py)
 import grpc  # noqa: E402
 
+from harness import free_port  # noqa: E402
 from report import save_report  # noqa: E402
 from soak_clients import SERVED_MODEL_NAME, Client, Disturbances, Tally, references  # noqa: E402
 from tiny_models import build_model_dir, build_tokenizer  # noqa: E402
@@ -56,12 +56,6 @@ from specdec.v1 import draft_pb2, draft_pb2_grpc, gateway_pb2_grpc  # noqa: E402
 
 ADMIN_TOKEN = "soak-admin"
 SWAPS_PER_RUN = 8
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class SoakCluster:
@@ -76,7 +70,7 @@ class SoakCluster:
                                ["--drafter", "model", "--model", str(draft_dir), "--kv-cache-tokens", "32768",
                                 "--admin-token", ADMIN_TOKEN, *common], workdir) for i in range(2)]
         self.gateway: Replica | None = None
-        self.http_port = _free_port()
+        self.http_port = free_port()
         self.workdir = workdir
 
     @property

@@ -203,10 +203,8 @@ def main() -> None:
             """Its address for this host's callers: a model service's Unix socket (unless --tcp)."""
             env = {"SPECDEC_TRACE_RUN": module, "SPECDEC_TRACE_DIR": str(traces_dir)}
             pin = ["--cpus", str(next(cpus))] if args.pin_services else []
-            service = trio.spawn(name, "bench.trace_probe", [*service_args, "--busy-poll", args.busy_poll, *pin], env=env,
-                                 unix_socket=model and not args.tcp)
-            trio.wait_ready(service, 900)
-            return service.local_address()
+            return trio.wait_ready(trio.spawn(name, "bench.trace_probe", [*service_args, "--busy-poll", args.busy_poll,
+                                                                          *pin], env=env, unix_socket=model and not args.tcp), 900)
 
         windows: dict[str, Interval] = {}
         with ExitStack() as stack:

@@ -41,7 +41,7 @@ class HttpServer:
             await asyncio.sleep(0.01)
         log.info("OpenAI-compatible HTTP API on http://%s:%d/v1", self._host, self.port)
 
-    async def stop(self, grace_s: float = 2.0) -> None:
+    async def stop(self, grace_s: float) -> None:
         """Refuses new connections; lets the requests running finish for up to `grace_s` (stop_now cuts
         that short), then cancels what is left."""
         self._server.config.timeout_graceful_shutdown = grace_s

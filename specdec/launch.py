@@ -56,7 +56,7 @@ class Trio:
               cwd: Path | None = None, unix_socket: bool = False) -> Service:
         """`env`: variables set for this service on top of ours (e.g. CUDA_VISIBLE_DEVICES); `cwd`: the
         directory it runs in, whose packages it imports first (another checkout: bench/gpu_ab.py);
-        `unix_socket`: it listens on NAME.sock in the work directory as well (Service.local_address)."""
+        `unix_socket`: it listens on NAME.sock in the work directory as well (wait_ready then gives that)."""
         ready_file = self.workdir / f"{name}.addr"
         socket = (self.workdir / f"{name}.sock").resolve() if unix_socket else None
         command = [sys.executable, "-m", module, "--port", "0", "--ready-file", str(ready_file), *args,
@@ -67,7 +67,9 @@ class Trio:
         return service
 
     def wait_ready(self, service: Service, timeout_s: float) -> str:
-        return wait_serving(service.name, service.process, service.ready_file, timeout_s)
+        """Waits until `service` serves; returns the address for callers on this host (local_address)."""
+        wait_serving(service.name, service.process, service.ready_file, timeout_s)
+        return service.local_address()
 
     def stop(self, timeout_s: float = DEFAULT_SHUTDOWN_GRACE_S + 10) -> None:
         """SIGTERM to each (a graceful stop: running requests finish within the services' shutdown grace;
@@ -126,10 +128,10 @@ def _start(trio: Trio, args: argparse.Namespace) -> str:
     draft_name = args.draft_model if args.drafter == "model" else "ngram (prompt lookup)"
     print(f"specdec-launch: loading models (target {args.target_model}, draft {draft_name}, "
           f"k={args.num_draft_tokens}) ...", file=sys.stderr)
-    trio.wait_ready(target, args.timeout_s)
-    trio.wait_ready(draft, args.timeout_s)
+    target_address = trio.wait_ready(target, args.timeout_s)
+    draft_address = trio.wait_ready(draft, args.timeout_s)
     gateway = trio.spawn("gateway", "gateway", [
-        "--target", target.local_address(), "--draft", draft.local_address(),
+        "--target", target_address, "--draft", draft_address,
         "--num-draft-tokens", str(args.num_draft_tokens), *common,
     ])
     return trio.wait_ready(gateway, args.timeout_s)

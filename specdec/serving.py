@@ -287,8 +287,7 @@ async def start_server(
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection([*service_names, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
-    address = f"{host}:{port}"
-    bound = server.add_secure_port(address, credentials) if credentials else server.add_insecure_port(address)
+    bound = _add_port(server, f"{host}:{port}", credentials)
     if bound == 0:
         raise OSError(f"cannot bind {host}:{port}")
     if unix_socket is not None:
@@ -320,11 +319,16 @@ def _bind_unix_socket(server: grpc.aio.Server, path: Path, credentials: grpc.Ser
         raise OSError(f"cannot listen on unix:{path}: a file that is not a socket is there")
     address = f"unix:{path}"
     try:
-        bound = server.add_secure_port(address, credentials) if credentials else server.add_insecure_port(address)
+        bound = _add_port(server, address, credentials)
     except RuntimeError as e:  # gRPC raises where it cannot bind (a missing directory, no permission)
         raise OSError(f"cannot listen on {address}: {e}") from None
     if not bound:
         raise OSError(f"cannot listen on {address}")
+
+
+def _add_port(server: grpc.aio.Server, address: str, credentials: grpc.ServerCredentials | None) -> int:
+    """Binds `address`, over TLS when `credentials` are given; the port bound (0: none)."""
+    return server.add_secure_port(address, credentials) if credentials else server.add_insecure_port(address)
 
 
 async def serve_until_signal(start: Callable[[], Awaitable[RunningServer]], cpus: frozenset[int] | None = None,

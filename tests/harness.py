@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import socket
 import sys
 import threading
 from collections.abc import Coroutine, Iterator
@@ -29,6 +30,13 @@ class LoopThread:
     def close(self) -> None:
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(10)
+
+
+def free_port() -> int:
+    """A TCP port on loopback that was free a moment ago (for a service that must be told its port)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 def channel(port: int) -> grpc.Channel:

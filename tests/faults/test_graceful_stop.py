@@ -3,13 +3,12 @@ running ones finish where they are (--shutdown-grace-s); a second signal ends th
 from __future__ import annotations
 
 import json
-import socket
 import time
 import urllib.request
 
 import grpc
 import pytest
-from harness import channel, generate, start_streaming
+from harness import channel, free_port, generate, start_streaming
 
 from specdec.client import collect
 from specdec.processes import Replica
@@ -33,9 +32,7 @@ def reference(cluster, cluster_gateway) -> list[int]:
 def gateway_process(cluster, tmp_path):
     """A gateway of its own, as a process (the CLI: its signal handling is what is tested), with the OpenAI
     HTTP API on `http_port`."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        http_port = probe.getsockname()[1]
+    http_port = free_port()
     gateway = Replica("gateway", "gateway", [
         "--target", "ipv4:" + ",".join(t.address for t in cluster.targets),
         "--draft", "ipv4:" + ",".join(d.address for d in cluster.drafts), "--shutdown-grace-s", "60",

@@ -6,7 +6,7 @@ import socket
 import grpc
 import pytest
 
-from harness import generate
+from harness import free_port, generate
 
 from draft_service.registry import DraftRegistry
 from draft_service.server import start_draft_server
@@ -74,12 +74,6 @@ def test_a_socket_a_live_server_listens_on_is_refused_and_that_server_keeps_serv
         loop.run(first.stop())
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 @pytest.mark.parametrize("kind", ["file", "missing_directory"])
 def test_a_unix_socket_that_cannot_be_made_fails_the_start_clearly(loop, tmp_path, kind):
     path = tmp_path / "not-a-socket"
@@ -96,7 +90,7 @@ def test_a_unix_socket_that_cannot_be_made_fails_the_start_clearly(loop, tmp_pat
 
 
 def test_a_gateway_whose_socket_cannot_be_made_fails_its_start_and_frees_its_http_port(loop, target_server, tmp_path):
-    http_port = _free_port()
+    http_port = free_port()
     # the port must be let go by the failed start itself, while its error (and so its frames) is still held
     with pytest.raises(OSError, match="cannot listen on unix:") as failed:
         loop.run(start_gateway_server(GatewayConfig(f"127.0.0.1:{target_server.port}", None), http_port=http_port,
