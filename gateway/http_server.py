@@ -36,8 +36,9 @@ class HttpServer:
     async def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._server.serve(sockets=[self._socket]))
         while not self._server.started:
-            if self._task.done():  # failed to start: raise its error
+            if self._task.done():  # failed to start: raise its error (uvicorn may only log it and return)
                 await self._task
+                raise OSError(f"the OpenAI-compatible HTTP API on {self._host}:{self.port} did not start; see the log")
             await asyncio.sleep(0.01)
         log.info("OpenAI-compatible HTTP API on http://%s:%d/v1", self._host, self.port)
 

@@ -73,7 +73,12 @@ async def start_gateway_server(
         raise
     server.busy_poll = poll
     if http is not None:
-        await http.start()
+        try:
+            await http.start()
+        except BaseException:
+            http.close()
+            await server.stop(0)
+            raise
         server.http = http  # drained beside the gRPC streams when the server stops
     return server
 

@@ -287,24 +287,46 @@ async def start_server(
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection([*service_names, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
-    bound = _add_port(server, f"{host}:{port}", credentials)
-    if bound == 0:
-        raise OSError(f"cannot bind {host}:{port}")
-    if unix_socket is not None:
-        _bind_unix_socket(server, unix_socket, credentials)
-    metrics = None  # started before serving, so a busy metrics port fails the start cleanly
-    if metrics_port is not None:
-        metrics = start_metrics_server(metrics_registry or CollectorRegistry(), host, metrics_port)
-    await server.start()
-    for name in ["", *service_names]:
-        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    if ready_file is not None:  # launchers wait for this file to learn the port
-        tmp = ready_file.with_name(ready_file.name + ".tmp")
-        tmp.write_text(f"{host}:{bound}\n")
-        os.replace(tmp, ready_file)
+    metrics, listening, started = None, False, False
+    try:
+        bound = _add_port(server, f"{host}:{port}", credentials)
+        if bound == 0:
+            raise OSError(f"cannot bind {host}:{port}")
+        if unix_socket is not None:
+            _bind_unix_socket(server, unix_socket, credentials)
+            listening = True
+        if metrics_port is not None:  # started before serving, so a busy metrics port fails the start cleanly
+            metrics = start_metrics_server(metrics_registry or CollectorRegistry(), host, metrics_port)
+        await server.start()
+        started = True
+        for name in ["", *service_names]:
+            await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+        if ready_file is not None:  # launchers wait for this file to learn the port
+            tmp = ready_file.with_name(ready_file.name + ".tmp")
+            tmp.write_text(f"{host}:{bound}\n")
+            os.replace(tmp, ready_file)
+    except BaseException:  # a failed start lets go of every port and file it took
+        if metrics is not None:
+            metrics.stop()
+        await (server.stop(None) if started else _unbind(server))
+        if listening:
+            unix_socket.unlink(missing_ok=True)
+        if poll is not None:
+            poll.close()
+        raise
     log.info("serving %s on %s:%d%s", ", ".join(service_names), host, bound,
              f" and unix:{unix_socket}" if unix_socket is not None else "")
     return RunningServer(server, bound, health_servicer, cleanup, metrics, busy_poll=poll, unix_socket=unix_socket)
+
+
+async def _unbind(server: grpc.aio.Server) -> None:
+    """Lets go of the ports an unstarted server has bound: gRPC closes a listener only when its server
+    stops, and stopping one never started leaves it open (until the server object is collected)."""
+    try:
+        await server.start()
+    except Exception:  # nothing bound: nothing to let go of
+        return
+    await server.stop(None)
 
 
 def _bind_unix_socket(server: grpc.aio.Server, path: Path, credentials: grpc.ServerCredentials | None) -> None:
