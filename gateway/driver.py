@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import aclosing, nullcontext
 from dataclasses import dataclass
 
@@ -48,6 +49,7 @@ class Delta:
 
 
 MAX_DRAFT_HISTORIES = 64
+TOKENIZE_INLINE_CHARS = 16_384  # longer inputs are tokenized off the event loop (~8 ms a 16 KB prompt)
 
 
 class Driver:
@@ -65,11 +67,18 @@ class Driver:
         self._admission = RequestAdmission(config.max_concurrent_requests, config.max_queued_requests)
         # per (draft name, greedy?): what its requests measured (greedy and sampled requests accept differently)
         self._histories: dict[tuple[str, bool], SpeculationHistory] = {}
+        self._tokenizing = ThreadPoolExecutor(1, thread_name_prefix="tokenize")  # one long input at a time
 
-    def prepare(self, request: gateway_pb2.GenerateRequest, api: str) -> GenerationParams:
-        """Validates and tokenizes; raises InvalidRequestError with a message for the client."""
+    async def prepare(self, request: gateway_pb2.GenerateRequest, api: str) -> GenerationParams:
+        """Validates and tokenizes; raises InvalidRequestError with a message for the client. A long input
+        is tokenized on a thread of its own (the tokenizer lets go of the GIL), so the event loop keeps
+        serving every other request and stream meanwhile: a 4 MB prompt takes ~2 s to tokenize."""
         try:
-            params = parse_request(request, self.tokenizer, self._config, self.max_model_len)
+            if _input_chars(request) > TOKENIZE_INLINE_CHARS:
+                params = await asyncio.get_running_loop().run_in_executor(
+                    self._tokenizing, parse_request, request, self.tokenizer, self._config, self.max_model_len)
+            else:
+                params = parse_request(request, self.tokenizer, self._config, self.max_model_len)
             _check_limits(params, self._config)
             return params
         except InvalidRequestError:
@@ -155,6 +164,10 @@ class Driver:
         log.info("finished: %d prompt + %d completion tokens, %d/%d draft tokens accepted, %.1f tok/s",
                  stats.num_prompt_tokens, num_completion_tokens, stats.num_accepted_tokens,
                  stats.num_draft_tokens, stats.tokens_per_s(num_completion_tokens))
+
+
+def _input_chars(request: gateway_pb2.GenerateRequest) -> int:
+    return len(request.prompt) + sum(len(message.content) for message in request.chat.messages)
 
 
 def _check_limits(params: GenerationParams, config: GatewayConfig) -> None:

@@ -8,18 +8,22 @@ request's figures from the final Generate chunk.
 """
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import aclosing
+from typing import TypeVar
 
 import grpc
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from google.protobuf.json_format import MessageToDict
 from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.driver import Delta, Driver
 from gateway.metrics import OUTCOME_INVALID
@@ -31,6 +35,9 @@ from specdec.request_id import REQUEST_ID_KEY, check_request_id, current_request
 from specdec.serving import status_of
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+CLIENT_CLOSED_REQUEST = 499  # nginx's status for a request its client abandoned (nobody reads it)
 
 API = "openai"
 FINISH_REASON = {Finish.LENGTH: "length", Finish.EOS: "stop", Finish.STOP: "stop"}
@@ -44,13 +51,19 @@ HTTP_STATUS_OF_GRPC = {
     grpc.StatusCode.DEADLINE_EXCEEDED: 504,
 }
 ERROR_TYPE_OF_STATUS = {400: "invalid_request_error", 403: "permission_error", 404: "not_found_error",
-                        429: "rate_limit_error", 503: "service_unavailable_error"}
+                        405: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error",
+                        503: "service_unavailable_error", 504: "timeout_error"}
+
+
+def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict:
+    # a message may quote what the client sent, which need not encode (a lone surrogate)
+    message = message.encode("utf-8", "backslashreplace").decode("utf-8")
+    return {"error": {"message": message, "type": ERROR_TYPE_OF_STATUS.get(status, "server_error"), "param": param,
+                      "code": code}}
 
 
 def error_response(status: int, message: str, param: str | None = None, code: str | None = None) -> JSONResponse:
-    body = {"message": message, "type": ERROR_TYPE_OF_STATUS.get(status, "server_error"), "param": param,
-            "code": code}
-    return JSONResponse({"error": body}, status_code=status)
+    return JSONResponse(error_body(status, message, param, code), status_code=status)
 
 
 def error_of(error: Exception) -> tuple[int, str]:
@@ -62,11 +75,18 @@ def error_of(error: Exception) -> tuple[int, str]:
     return HTTP_STATUS_OF_GRPC.get(code, 500), message
 
 
-def create_app(driver: Driver, model_name: str) -> FastAPI:
+def create_app(driver: Driver, model_name: str, max_request_bytes: int) -> FastAPI:
+    """`max_request_bytes`: the largest body accepted (413 beyond it), as gRPC's limit for Generate."""
     app = FastAPI(title="specdec gateway (OpenAI-compatible)", docs_url=None, redoc_url=None)
     created = int(time.time())
-    _add_error_handlers(app)
-    app.middleware("http")(_request_id_middleware)
+    _add_error_handlers(app, lambda: driver.metrics.requests.labels(API, OUTCOME_INVALID).inc())
+    app.add_middleware(BodyLimit, max_bytes=max_request_bytes)
+    app.middleware("http")(_request_id_middleware)  # the outermost: every answer carries the request's id
+
+    @app.get("/health")
+    async def health() -> dict:
+        """200 while this gateway serves (load balancers' probe; gRPC's grpc.health.v1 says the same)."""
+        return {}
 
     @app.get("/v1/models")
     async def list_models() -> dict:
@@ -74,22 +94,23 @@ def create_app(driver: Driver, model_name: str) -> FastAPI:
                 "data": [{"id": model_name, "object": "model", "created": created, "owned_by": "specdec"}]}
 
     @app.post("/v1/completions")
-    async def completions(body: CompletionRequest):
-        params = _prepare(driver, model_name, body)
+    async def completions(body: CompletionRequest, request: Request):
+        params = await _prepare(driver, model_name, body)
         render = _Renderer("text_completion", model_name, lambda text: {"text": text, "logprobs": None})
-        return await _respond(driver, params, body.stream, body.include_usage, render)
+        return await _respond(driver, params, body.stream, body.include_usage, render, request)
 
     @app.post("/v1/chat/completions")
-    async def chat_completions(body: ChatCompletionRequest):
-        params = _prepare(driver, model_name, body)
+    async def chat_completions(body: ChatCompletionRequest, request: Request):
+        params = await _prepare(driver, model_name, body)
         render = _Renderer("chat.completion", model_name, lambda text: {"message": {"role": "assistant",
                                                                                      "content": text}})
-        return await _respond(driver, params, body.stream, body.include_usage, render)
+        return await _respond(driver, params, body.stream, body.include_usage, render, request)
 
     return app
 
 
-def _prepare(driver: Driver, model_name: str, body: CompletionRequest | ChatCompletionRequest) -> GenerationParams:
+async def _prepare(driver: Driver, model_name: str, body: CompletionRequest | ChatCompletionRequest
+                   ) -> GenerationParams:
     if body.model != model_name:
         driver.metrics.requests.labels(API, OUTCOME_INVALID).inc()
         raise NotFoundError(f"the model `{body.model}` does not exist; this gateway serves `{model_name}` "
@@ -99,7 +120,7 @@ def _prepare(driver: Driver, model_name: str, body: CompletionRequest | ChatComp
     except InvalidRequestError:
         driver.metrics.requests.labels(API, OUTCOME_INVALID).inc()
         raise
-    return driver.prepare(request, API)
+    return await driver.prepare(request, API)
 
 
 class _Renderer:
@@ -111,6 +132,7 @@ class _Renderer:
         self.choice = choice
         self.id = f"{'chatcmpl' if kind.startswith('chat') else 'cmpl'}-{current_request_id()}"
         self.created = int(time.time())
+        self._streamed = False  # a chunk was rendered: the chat role went with the first
 
     def envelope(self, object_name: str, choices: list[dict], usage: dict | None = None) -> dict:
         body = {"id": self.id, "object": object_name, "created": self.created, "model": self.model_name,
@@ -133,6 +155,17 @@ class _Renderer:
         choice["finish_reason"] = FINISH_REASON[finish] if finish is not None else None
         return self.envelope(self.stream_object, [choice])
 
+    def events(self, delta: Delta, include_usage: bool) -> list[str]:
+        """The server-sent events of one delta of a stream."""
+        if delta.stats is None:
+            events = [_event(self.chunk(delta.text, is_first=not self._streamed))]
+        else:
+            events = [_event(self.chunk(None, delta.finish, not self._streamed))]
+            if include_usage:
+                events.append(_event(self.envelope(self.stream_object, [], usage(delta))))
+        self._streamed = True
+        return events
+
     @property
     def stream_object(self) -> str:
         return "chat.completion.chunk" if self.kind == "chat.completion" else "text_completion"
@@ -150,34 +183,67 @@ def usage(final: Delta) -> dict:
 
 
 async def _respond(driver: Driver, params: GenerationParams, stream: bool, include_usage: bool,
-                   render: _Renderer):
+                   render: _Renderer, request: Request):
+    """Waits for the first tokens before answering, so what fails before them (no capacity, a model
+    service down, an unknown draft) gets its own HTTP status, streamed or not."""
+    deltas = driver.generate(params, API)
+    try:
+        first = await _until_disconnected(anext(deltas), request)
+    except BaseException:
+        await deltas.aclose()
+        raise
+    if first is None:  # the client left while waiting
+        await deltas.aclose()
+        return Response(status_code=CLIENT_CLOSED_REQUEST)
     if stream:
-        return StreamingResponse(_sse(driver, params, include_usage, render), media_type="text/event-stream")
-    text = ""
-    async with aclosing(driver.generate(params, API)) as deltas:
+        return StreamingResponse(_sse(first, deltas, include_usage, render), media_type="text/event-stream")
+    whole = await _until_disconnected(_collect(first, deltas, render), request)
+    return whole if whole is not None else Response(status_code=CLIENT_CLOSED_REQUEST)
+
+
+async def _until_disconnected(work: Awaitable[T], request: Request) -> T | None:
+    """`work`'s result, or None (and `work` cancelled) if the client disconnects first: a non-streamed
+    request stops generating, as a streamed one does, when nobody waits for it."""
+    working = asyncio.ensure_future(work)
+    watching = asyncio.ensure_future(_disconnect(request))
+    try:
+        await asyncio.wait([working, watching], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watching.cancel()
+        if not working.done():
+            working.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await working
+            return None
+    return working.result()
+
+
+async def _disconnect(request: Request) -> None:
+    """Returns when the client has gone (the body was read already: the next message is the disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _collect(first: Delta, deltas: AsyncIterator[Delta], render: _Renderer) -> dict:
+    async with aclosing(deltas):
+        text, final = first.text, first
         async for delta in deltas:
             text += delta.text
             final = delta
     return render.whole(text, final)
 
 
-async def _sse(driver: Driver, params: GenerationParams, include_usage: bool,
+async def _sse(first: Delta, deltas: AsyncIterator[Delta], include_usage: bool,
                render: _Renderer) -> AsyncIterator[str]:
-    is_first = True
     try:
-        async with aclosing(driver.generate(params, API)) as deltas:
+        async with aclosing(deltas):
+            for event in render.events(first, include_usage):
+                yield event
             async for delta in deltas:
-                if delta.stats is None:
-                    yield _event(render.chunk(delta.text, is_first=is_first))
-                    is_first = False
-                    continue
-                yield _event(render.chunk(None, delta.finish, is_first))
-                if include_usage:
-                    yield _event(render.envelope(render.stream_object, [], usage(delta)))
-    except (SpecdecError, grpc.aio.AioRpcError) as e:  # headers are sent: the error goes in the stream
-        status, message = error_of(e)
-        yield _event({"error": {"message": message, "type": ERROR_TYPE_OF_STATUS.get(status, "server_error"),
-                                "param": None, "code": status}})
+                for event in render.events(delta, include_usage):
+                    yield event
+    except (SpecdecError, grpc.aio.AioRpcError) as e:  # after the first tokens: the error goes in the stream
+        yield _event(error_body(*error_of(e)))
     yield "data: [DONE]\n\n"
 
 
@@ -191,18 +257,54 @@ async def _request_id_middleware(request: Request, call_next):
         return error_response(400, problem, param=REQUEST_ID_KEY)
     request_id = given or new_request_id()
     request_id_var.set(request_id)
-    response = await call_next(request)
+    try:
+        response = await call_next(request)
+    except Exception as e:  # a bug: still answered in OpenAI's shape, with the request's id
+        log.exception("unexpected error in %s", request.url.path)
+        response = error_response(*error_of(e))
     response.headers[REQUEST_ID_KEY] = request_id
     return response
 
 
-def _add_error_handlers(app: FastAPI) -> None:
+class BodyLimit:
+    """Refuses a body over `max_bytes` with 413 before it is parsed: parsing and tokenizing an unbounded
+    body would hold the event loop that every request and gRPC stream of the gateway shares."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        length = dict(scope["headers"]).get(b"content-length", b"")
+        if length.isdigit() and int(length) > self.max_bytes:
+            await error_response(413, self._message(int(length)))(scope, receive, send)
+            return
+        received = 0
+
+        async def receive_within_limit() -> Message:  # a body sent in chunks, of no declared length
+            nonlocal received
+            message = await receive()
+            received += len(message.get("body", b""))
+            if received > self.max_bytes:
+                raise HTTPException(413, self._message(received))
+            return message
+
+        await self.app(scope, receive_within_limit, send)
+
+    def _message(self, size: int) -> str:
+        return (f"the request body is {size} bytes or more; this gateway accepts at most {self.max_bytes} "
+                "(--max-request-bytes)")
+
+
+def _add_error_handlers(app: FastAPI, count_invalid: Callable[[], None]) -> None:
     @app.exception_handler(RequestValidationError)
     async def invalid_body(request: Request, error: RequestValidationError) -> JSONResponse:
-        first = error.errors()[0]
-        location = [str(part) for part in first.get("loc", ()) if part != "body"]
-        param = ".".join(location) or None
-        return error_response(400, f"{param or 'body'}: {first.get('msg', 'invalid')}", param=param)
+        count_invalid()
+        message, param = validation_message(error.errors())
+        return error_response(400, message, param=param)
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, error: HTTPException) -> JSONResponse:
@@ -218,7 +320,28 @@ def _add_error_handlers(app: FastAPI) -> None:
     async def backend_error(request: Request, error: grpc.aio.AioRpcError) -> JSONResponse:
         return error_response(*error_of(error))
 
-    @app.exception_handler(Exception)
-    async def unexpected_error(request: Request, error: Exception) -> JSONResponse:
-        log.exception("unexpected error in %s", request.url.path, exc_info=error)
-        return error_response(*error_of(error))
+
+UNION_BRANCHES = {"str", "int", "float", "bool", "dict", "list"}  # pydantic names a union's branch in an error's loc
+
+
+def validation_message(errors: Sequence[dict]) -> tuple[str, str | None]:
+    """A message and the offending parameter for pydantic's errors: the deepest field that failed (for a
+    union, the branch the value's shape chose) with everything it was told it should be."""
+    first = errors[0]
+    if first.get("type") == "json_invalid":
+        where = f" at character {first['loc'][-1]}" if len(first.get("loc", ())) > 1 else ""
+        return f"the body is not valid JSON: {first.get('ctx', {}).get('error', 'malformed')}{where}", None
+    by_field: dict[tuple, list[str]] = {}
+    for error in errors:
+        field = tuple(part for part in error.get("loc", ()) if part != "body" and not _is_branch(part))
+        text = str(error.get("msg", "invalid")).removeprefix("Value error, ")
+        by_field.setdefault(field, [])
+        if text not in by_field[field]:
+            by_field[field].append(text)
+    field = max(by_field, key=len)
+    param = ".".join(str(part) for part in field) or None
+    return f"{param + ': ' if param else ''}{'; or '.join(by_field[field])}", param
+
+
+def _is_branch(part: object) -> bool:
+    return isinstance(part, str) and (part in UNION_BRANCHES or "[" in part or part[:1].isupper())

@@ -54,7 +54,7 @@ async def start_gateway_server(
 
         model_name = config.served_model_name or backends.target_info.model_id
         try:
-            http = HttpServer(create_app(driver, model_name), host, http_port)
+            http = HttpServer(create_app(driver, model_name, config.max_request_bytes), host, http_port)
         except BaseException:
             await backends.close()
             raise

@@ -25,7 +25,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
     async def Generate(
         self, request: gateway_pb2.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[gateway_pb2.GenerateResponse]:
-        params = self._driver.prepare(request, API)
+        params = await self._driver.prepare(request, API)
         async with aclosing(self._driver.generate(params, API, context.time_remaining())) as deltas:
             async for delta in deltas:
                 if delta.stats is None:

@@ -58,8 +58,7 @@ async def speculative_generate(
     for _ in range(max_target_retries + 1):
         if not await streams.wait_for_target():
             raise ServiceUnavailableError(
-                f"no target replica is reachable ({lost or 'none connected'}); the {len(generated)} token(s) "
-                "already streamed are valid, retry for the rest")
+                f"no target replica is reachable ({lost or 'none connected'}){_kept(generated)}")
         try:
             steps = _decode(prompt_ids + generated, max_new_tokens - len(generated), num_draft_tokens, streams,
                             sampling, policy)
@@ -73,8 +72,15 @@ async def speculative_generate(
             log.warning("%s; re-prefilling %d committed tokens on another replica", lost,
                         len(prompt_ids) + len(generated))
     raise ServiceUnavailableError(
-        f"no target replica could continue the request after {max_target_retries} re-prefill(s) ({lost}); "
-        f"the {len(generated)} token(s) already streamed are valid, retry for the rest")
+        f"no target replica could continue the request after {max_target_retries} re-prefill(s) ({lost})"
+        f"{_kept(generated)}")
+
+
+def _kept(generated: list[int]) -> str:
+    """What a client that saw `generated` should do next."""
+    if not generated:
+        return "; retry the request"
+    return f"; the {len(generated)} token(s) already streamed are valid, retry for the rest"
 
 
 async def _decode(
