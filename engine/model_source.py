@@ -80,6 +80,9 @@ def load_pretrained(spec: str, dtype: torch.dtype, device: torch.device, cache_d
     if path is not None and path.suffix == ".gguf":
         source = str(converted_gguf_dir(path, cache_dir))
     elif path is not None:
+        if path.is_dir() and not (path / "config.json").is_file():  # transformers would blame a tokenizer library
+            raise UnsupportedModelError(f"cannot load model {spec!r}: the directory has no config.json; give a "
+                                        "Hugging Face model directory, a .gguf file or a hub id")
         source = str(path)
     else:
         source = spec  # a hub id: transformers downloads it (or finds it in HF_HOME)

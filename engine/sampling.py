@@ -28,13 +28,20 @@ Distribution = tuple[list[int], list[float]]  # a sparse distribution: (token id
 _MASK64 = (1 << 64) - 1
 
 
+MIN_TEMPERATURE = 1e-5  # below it decoding is greedy, as in vLLM: logits / temperature would overflow float32
+
+
 @dataclass(frozen=True)
 class SamplingParams:
-    temperature: float = 0.0  # 0: greedy (every other field is ignored)
+    temperature: float = 0.0  # 0 (or below MIN_TEMPERATURE): greedy, every other field ignored
     top_p: float = 1.0
     top_k: int = 0  # 0: off
     min_p: float = 0.0
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        if 0 < self.temperature < MIN_TEMPERATURE:
+            object.__setattr__(self, "temperature", 0.0)
 
     @property
     def is_greedy(self) -> bool:
@@ -157,6 +164,8 @@ def check_draft_probs(draft_ids: list[int], draft_probs: list[Distribution], voc
             raise InvalidRequestError("a draft distribution needs as many probabilities as token ids (at least one)")
         if any(not 0 <= t < vocab_size for t in ids):
             raise InvalidRequestError(f"a draft distribution names a token outside the vocabulary [0, {vocab_size})")
+        if len(set(ids)) != len(ids):
+            raise InvalidRequestError("a draft distribution names a token twice; give each token one probability")
         if any(not (math.isfinite(v) and v >= 0) for v in probs) or not abs(sum(probs) - 1) < 1e-3:
             raise InvalidRequestError("draft probabilities must be finite, >= 0 and sum to 1")
         if x not in ids or probs[ids.index(x)] <= 0:

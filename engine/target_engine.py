@@ -21,7 +21,7 @@ from engine.batch import StepInput
 from engine.batching_loop import BatchingLoop, ForwardObserver
 from engine.gpu_work import GpuWork
 from engine.kv_cache import KVAdmission, SequenceKV
-from engine.limits import check_new_sequence
+from engine.limits import check_new_sequence, check_verify
 from engine.model_runner import ModelRunner
 from engine.rehearsal import Rehearsal
 from engine.sampling import Distribution, SamplingParams, check_draft_probs, sample_token, verify_sampled
@@ -133,11 +133,7 @@ class TargetEngine:
         self.runner.check_token_ids(draft_ids, "draft_ids")
         if not seq.sampling.is_greedy:
             check_draft_probs(draft_ids, draft_probs or [], self.runner.description.vocab_size)
-        if len(seq.token_ids) + len(draft_ids) > seq.max_len:
-            raise InvalidRequestError(
-                f"verify of {len(draft_ids)} draft tokens would pass the sequence's limit of "
-                f"{seq.max_len} tokens (prompt + max_new_tokens); {len(seq.token_ids)} are committed"
-            )
+        check_verify(len(draft_ids), len(seq.token_ids), seq.max_len)
         outcome = await self._loop.submit(_Job(seq, list(draft_ids), draft_probs))
         return outcome.verification, outcome.timing
 

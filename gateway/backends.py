@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass
 
 import grpc
@@ -50,11 +51,11 @@ class TargetLost(StreamLost):
 # the request is wrong: the request moves to another replica. Any other status passes through.
 TARGET_LOST_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.ABORTED,
                                grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL})
-# The draft is optional, so only errors caused by the request itself pass through; anything else
-# (gone, overloaded, too slow, broken) ends drafting for the request.
-DRAFT_REQUEST_ERRORS = frozenset({grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND,
-                                  grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.FAILED_PRECONDITION,
-                                  grpc.StatusCode.OUT_OF_RANGE})
+# The draft is optional, so only a draft the client named and the service lacks passes through (NOT_FOUND);
+# anything else ends drafting for the request, which goes on target-only: a draft gone, overloaded, too
+# slow or broken, and a draft that cannot take a request the target accepted (a shorter context, another
+# vocabulary: a draft loaded live is checked against the target only where the loader says so).
+DRAFT_REQUEST_ERRORS = frozenset({grpc.StatusCode.NOT_FOUND})
 
 
 def verify_request(proposal: Proposal) -> target_pb2.TargetRequest:
@@ -115,7 +116,10 @@ class _BidiStream:
         except TimeoutError as e:
             raise self._lost(f"no answer within {self._step_timeout_s} s") from e
         except asyncio.InvalidStateError as e:  # the call ended between our last read and this write
-            raise self._lost(f"{(await self._call.code()).name}: {await self._call.details()}") from e
+            code, details = await self._call.code(), await self._call.details()
+            if not self._is_lost(code):  # the deadline, say: the request's end, not the replica's
+                raise grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details) from e
+            raise self._lost(f"{code.name}: {details}") from e
         if response is grpc.aio.EOF:
             raise self._lost("the service closed the stream unexpectedly")
         self.forward_ns += response.forward_ns
@@ -183,8 +187,13 @@ class RequestStreams:
         self._backends = backends
         self._draft_model = draft_model
         self.use_draft = use_draft and backends.has_draft
-        self._timeout_s = timeout_s
+        self._deadline = None if timeout_s is None else time.monotonic() + timeout_s
         self._opened: list[_BidiStream] = []
+
+    @property
+    def _timeout_s(self) -> float | None:
+        """What is left of the client's deadline: a stream opened later (a re-prefill) gets no more."""
+        return None if self._deadline is None else max(self._deadline - time.monotonic(), 0.0)
 
     def open_target(self) -> TargetStream:
         return self._remember(self._backends.open_target(self._timeout_s))

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 
-from gateway.config import GatewayConfig
+from gateway.config import DEFAULT_MAX_NEW_TOKENS, GatewayConfig
 from gateway.server import run
 from specdec.cli_args import (
     add_server_args,
@@ -31,7 +31,9 @@ def main(argv: list[str] | None = None) -> None:
                         default=env_default(PREFIX, "adaptive_num_draft_tokens", "1") not in ("0", "false", "no"),
                         help="choose k per step for requests that do not pin it, up to --num-draft-tokens")
     parser.add_argument("--max-num-draft-tokens", type=int, default=env_default(PREFIX, "max_num_draft_tokens", 16))
-    parser.add_argument("--default-max-new-tokens", type=int, default=env_default(PREFIX, "default_max_new_tokens", 256))
+    parser.add_argument("--default-max-new-tokens", type=int, default=env_default(PREFIX, "default_max_new_tokens", None),
+                        help=f"max_new_tokens of a request that sets none (default {DEFAULT_MAX_NEW_TOKENS}, or "
+                             "--max-new-tokens-limit if lower)")
     parser.add_argument("--http-port", type=port_number, default=env_default(PREFIX, "http_port", None),
                         help="serve the OpenAI-compatible API (/v1/completions, /v1/chat/completions, /v1/models) "
                              "on this port; unset: off, 0: a free port")
@@ -73,7 +75,7 @@ def _config(args: argparse.Namespace) -> GatewayConfig:
         default_num_draft_tokens=int(args.num_draft_tokens),
         adaptive_num_draft_tokens=args.adaptive_num_draft_tokens,
         max_num_draft_tokens=int(args.max_num_draft_tokens),
-        default_max_new_tokens=int(args.default_max_new_tokens),
+        default_max_new_tokens=_default_max_new_tokens(args),
         served_model_name=args.served_model_name or None,
         max_prompt_tokens=_optional_int(args.max_prompt_tokens),
         max_new_tokens_limit=_optional_int(args.max_new_tokens_limit),
@@ -86,6 +88,13 @@ def _config(args: argparse.Namespace) -> GatewayConfig:
         max_target_retries=int(args.max_target_retries),
         backend_tls=client_tls_config(args),
     )
+
+
+def _default_max_new_tokens(args: argparse.Namespace) -> int:
+    given, limit = _optional_int(args.default_max_new_tokens), _optional_int(args.max_new_tokens_limit)
+    if given is not None:
+        return given
+    return DEFAULT_MAX_NEW_TOKENS if limit is None else min(DEFAULT_MAX_NEW_TOKENS, limit)
 
 
 def _optional_int(value: str | int | None) -> int | None:

@@ -3,7 +3,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from engine.limits import MAX_VERIFY_DRAFT_TOKENS
 from specdec.tls import ClientTls
+
+DEFAULT_MAX_NEW_TOKENS = 256
 
 
 @dataclass(frozen=True)
@@ -15,7 +18,7 @@ class GatewayConfig:
     # up to default_num_draft_tokens; False: always default_num_draft_tokens
     adaptive_num_draft_tokens: bool = True
     max_num_draft_tokens: int = 16
-    default_max_new_tokens: int = 256
+    default_max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
     max_stop_strings: int = 16
     max_stop_string_chars: int = 256
     connect_timeout_s: float = 600.0  # model services may still be loading weights
@@ -39,6 +42,9 @@ class GatewayConfig:
     def __post_init__(self) -> None:
         if not 0 <= self.default_num_draft_tokens <= self.max_num_draft_tokens:
             raise ValueError("default_num_draft_tokens must be in [0, max_num_draft_tokens]")
+        if not 1 <= self.max_num_draft_tokens <= MAX_VERIFY_DRAFT_TOKENS:
+            raise ValueError(f"max_num_draft_tokens must be in [1, {MAX_VERIFY_DRAFT_TOKENS}] (a target verifies at most "
+                             f"{MAX_VERIFY_DRAFT_TOKENS} draft tokens at once), got {self.max_num_draft_tokens}")
         if self.default_max_new_tokens < 1:
             raise ValueError("default_max_new_tokens must be >= 1")
         if self.max_new_tokens_limit is not None and not 1 <= self.default_max_new_tokens <= self.max_new_tokens_limit:

@@ -61,8 +61,8 @@ class Driver:
         self._backends = backends
         self.tokenizer = tokenizer
         self.metrics = metrics
-        lengths = [info.max_model_len for info in (backends.target_info, backends.draft_info) if info]
-        self.max_model_len = min(lengths)
+        # the target's context bounds a request; a draft with a shorter one leaves longer requests target-only
+        self.max_model_len = backends.target_info.max_model_len
         self._eos_token_ids = list(backends.target_info.eos_token_ids)
         self._admission = RequestAdmission(config.max_concurrent_requests, config.max_queued_requests)
         # per (draft name, greedy?): what its requests measured (greedy and sampled requests accept differently)

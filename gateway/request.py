@@ -12,7 +12,7 @@ from specdec.errors import InvalidRequestError
 from specdec.v1 import gateway_pb2
 
 CHAT_ROLES = ("system", "user", "assistant")
-MAX_DRAFT_NAME_CHARS = 128
+MAX_DRAFT_NAME_CHARS = 64  # as the draft service's names (draft_service/registry.py)
 
 
 @dataclass(frozen=True)

@@ -90,8 +90,9 @@ async def _decode(
     """Prefills `context_ids` on a new target stream (and a new draft sequence, when the first step
     drafts; else the first step that drafts opens it), then speculates."""
     target = streams.open_target()
+    # a verify commits up to k + 1 tokens after the prefill's one: with two new tokens or fewer none drafts
     draft = LazyDraft(streams, context_ids, max_new_tokens, sampling) \
-        if num_draft_tokens > 0 and streams.use_draft else None
+        if num_draft_tokens > 0 and streams.use_draft and max_new_tokens > 2 else None
     try:  # prefill both models at once
         first, _ = await asyncio.gather(target.prefill(context_ids, max_new_tokens, sampling),
                                         _open_early(draft, policy))

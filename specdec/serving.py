@@ -32,6 +32,7 @@ from specdec.errors import (
     SpecdecError,
     UnsupportedModelError,
 )
+from specdec.health import HealthServicer
 from specdec.metrics import MetricsServer, start_metrics_server
 from specdec.request_id import RequestIdInterceptor
 from specdec.tls import ClientTls
@@ -211,7 +212,7 @@ class Drainable(Protocol):
 class RunningServer:
     server: grpc.aio.Server
     port: int
-    health: health.aio.HealthServicer
+    health: HealthServicer
     cleanup: Callable[[], Awaitable[None]] | None = None  # stops what the servicers use, once no RPC runs
     metrics: MetricsServer | None = None
     http: Drainable | None = None  # the gateway's OpenAI-compatible HTTP API, when served
@@ -284,7 +285,7 @@ async def start_server(
     server = grpc.aio.server(interceptors=[*polling, RequestIdInterceptor(), *interceptors, ErrorInterceptor()],
                              options=options)
     register(server)
-    health_servicer = health.aio.HealthServicer()
+    health_servicer = HealthServicer()  # its Watch streams end at a graceful stop
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection([*service_names, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
     metrics, listening, started = None, False, False

@@ -43,6 +43,7 @@ def build_model_dir(
     perturb_from: Path | None = None,
     perturb_scale: float = 0.0,
     num_layers: int = 2,
+    max_position_embeddings: int = 256,
 ) -> Path:
     """Saves a random model (or a perturbed copy of `perturb_from`) plus the tokenizer to `path`."""
     torch.manual_seed(seed)
@@ -55,7 +56,7 @@ def build_model_dir(
         config_cls = {"llama": LlamaConfig, "qwen2": Qwen2Config}[model_type]
         config = config_cls(
             vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=num_layers,
-            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=max_position_embeddings,
             initializer_range=0.1,  # well-separated logits: greedy argmax is robust to float noise
             eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.bos_token_id,
             pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=False,

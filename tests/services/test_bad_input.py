@@ -8,6 +8,8 @@ import grpc
 import pytest
 
 from harness import generate, kv_blocks_used
+
+from engine.limits import MAX_VERIFY_DRAFT_TOKENS
 from specdec.v1 import common_pb2, draft_pb2, gateway_pb2, target_pb2
 
 CONTEXT = 256  # the tiny models' max_position_embeddings
@@ -83,6 +85,29 @@ def test_target_rejects_a_verify_past_the_sequence_limit(target_stub, draft_stub
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "limit of 5 tokens" in info.value.details()
     _wait_until_idle(target_stub, draft_stub("perturbed"))
+
+
+def test_target_commits_no_more_than_max_new_tokens(target_stub, draft_stub):
+    """A verify commits its drafts' accepted prefix plus one token: it is refused where that one would pass."""
+    prefill = target_pb2.TargetRequest(prefill=target_pb2.PrefillCommand(prompt_ids=[5, 6, 7], max_new_tokens=2))
+    verify = target_pb2.TargetRequest(verify=target_pb2.VerifyCommand(draft_ids=[]))
+    responses = []
+    with pytest.raises(grpc.RpcError) as info:
+        for response in target_stub.Sequence(iter([prefill, verify, verify]), timeout=30):
+            responses.append(response)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "commits up to 1 tokens, past the sequence's limit of 5 tokens" in info.value.details()
+    assert len(responses) == 2  # the first token (prefill) and the second (the first verify): max_new_tokens
+    _wait_until_idle(target_stub, draft_stub("perturbed"))
+
+
+def test_target_rejects_more_draft_tokens_than_a_verify_takes(target_stub):
+    prefill = target_pb2.PrefillCommand(prompt_ids=[5, 6, 7], max_new_tokens=200)
+    verify = target_pb2.VerifyCommand(draft_ids=[1] * (MAX_VERIFY_DRAFT_TOKENS + 1))
+    with pytest.raises(grpc.RpcError) as info:
+        _target_call(target_stub, target_pb2.TargetRequest(prefill=prefill), target_pb2.TargetRequest(verify=verify))
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert f"at most {MAX_VERIFY_DRAFT_TOKENS} draft tokens" in info.value.details()
 
 
 @pytest.mark.parametrize("k", [0, 17])

@@ -15,9 +15,11 @@ import pytest
 from draft_service.registry import DraftRegistry, model_loader
 from draft_service.server import start_draft_server
 from engine.model_runner import RuntimeConfig
+from engine.ngram_drafter import NgramDrafter
 from gateway.config import GatewayConfig
 from gateway.server import start_gateway_server
 from harness import channel, generate
+from tiny_models import build_model_dir
 from specdec import admin
 from specdec.v1 import common_pb2, draft_pb2, draft_pb2_grpc, gateway_pb2_grpc
 
@@ -217,3 +219,47 @@ def test_admin_cli_swaps_the_default_checked_against_the_target(swap_trio, targe
     assert admin.main([*common, "unload-draft", "first"]) == 0
     assert admin.main(["--draft", f"127.0.0.1:{port}", "list-drafts"]) == 0
     assert '"name": "exact"' in capsys.readouterr().out and _drafts(draft) == {"exact": True}
+
+
+@pytest.fixture
+def ngram_trio(loop, target_server):
+    """A draft service serving only the n-gram drafter (the service default: no tokenizer to compare a load
+    with), admin token set, and a gateway over it."""
+    load = model_loader(RuntimeConfig(model="", kv_cache_tokens=8192, device=os.environ.get("SPECDEC_TEST_DEVICE", "cpu")))
+    draft = loop.run(start_draft_server(DraftRegistry.of(NgramDrafter(), name="lookup", load=load), admin_token=TOKEN))
+    gateway = loop.run(start_gateway_server(GatewayConfig(f"127.0.0.1:{target_server.port}", f"127.0.0.1:{draft.port}")))
+    with channel(draft.port) as d, channel(gateway.port) as g:
+        yield SwapTrio(draft_pb2_grpc.DraftServiceStub(d), gateway_pb2_grpc.GatewayStub(g), draft.port)
+    loop.run(gateway.stop())
+    loop.run(draft.stop())
+
+
+@pytest.fixture(scope="module")
+def short_draft(tmp_path_factory, tokenizer) -> str:
+    """A draft of the target's tokenizer whose context (64) is a quarter of the target's."""
+    return str(build_model_dir(tmp_path_factory.mktemp("short") / "draft", tokenizer, seed=5,
+                               max_position_embeddings=SHORT_CONTEXT))
+
+
+SHORT_CONTEXT = 64
+
+
+def test_a_draft_the_requests_do_not_fit_leaves_them_target_only_and_exact(ngram_trio, model_dirs, short_draft,
+                                                                          gateway_stub):
+    """A draft that cannot take a request the target accepted (another vocabulary, loaded where nothing could
+    be compared with it; a shorter context) is dropped from that request, which goes on target-only."""
+    draft, gateway, _ = ngram_trio
+    for name, model, max_new in (("other", str(model_dirs["other_tokenizer"]), 16),
+                                 ("short", short_draft, SHORT_CONTEXT + 16)):
+        draft.LoadDraft(draft_pb2.LoadDraftRequest(name=name, model=model), metadata=AUTH)
+        tokens, _, final = generate(gateway, prompt="The quick brown fox", max_new_tokens=max_new,
+                                    num_draft_tokens=3, draft_model=name, ignore_eos=True)
+        assert tokens == generate(gateway_stub("none"), prompt="The quick brown fox", max_new_tokens=max_new,
+                                  ignore_eos=True)[0], name
+        if name == "short":  # refused at its start ("other" drafts until a token it lacks comes by)
+            assert final.stats.num_draft_tokens == 0
+        if name == "other":  # the next load would be compared with it
+            draft.UnloadDraft(draft_pb2.UnloadDraftRequest(name=name), metadata=AUTH)
+    _, _, final = generate(gateway, prompt="The quick brown fox", max_new_tokens=16, num_draft_tokens=3,
+                           draft_model="short")
+    assert final.stats.num_draft_tokens > 0  # a request within its context speculates

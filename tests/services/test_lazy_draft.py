@@ -117,3 +117,15 @@ def test_request_at_k0_makes_no_draft_calls_and_a_later_probe_keeps_output_ident
     finally:
         loop.run(server.stop())
 
+
+
+def test_a_request_of_two_new_tokens_or_fewer_leaves_the_draft_alone(gateway_stub, draft_stub, hf_greedy, tokenizer):
+    """The prefill gives the first token and a verify commits up to k + 1: no step could draft."""
+    perturbed = draft_stub("perturbed")
+    before = _draft_stats(perturbed).num_sequences_started
+    for max_new in (1, 2):
+        tokens, _, final = generate(gateway_stub("perturbed"), prompt=PROMPTS[0], max_new_tokens=max_new,
+                                    num_draft_tokens=3)
+        assert tokens == hf_greedy(tokenizer.encode(PROMPTS[0]), max_new)
+        assert final.stats.draft_prefill_forward_s == 0
+    assert _draft_stats(perturbed).num_sequences_started == before

@@ -62,3 +62,10 @@ def test_ignore_eos_generates_past_the_end_of_sequence_token_to_max_new_tokens(g
     assert final.finish_reason == gateway_pb2.FINISH_REASON_LENGTH
     assert len(past) == final.stats.num_completion_tokens == request["max_new_tokens"]
     assert past[:len(ended) + 1] == ended + [tokenizer.eos_token_id]  # the same draws, on through the end token
+
+
+def test_a_vanishing_temperature_decodes_greedily_with_a_draft(gateway_stub):
+    greedy = generate(gateway_stub("none"), prompt="Once upon a time", max_new_tokens=16)[0]
+    tiny, _, final = generate(gateway_stub("perturbed"), prompt="Once upon a time", max_new_tokens=16,
+                              temperature=1e-38, seed=1, num_draft_tokens=2)
+    assert tiny == greedy and final.stats.num_draft_tokens > 0

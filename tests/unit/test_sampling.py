@@ -168,7 +168,16 @@ def test_bad_sampling_parameters_name_the_field(fields, message):
     ([([1], [1.0]), ([9], [1.0])], "outside the vocabulary"),
     ([([1], [1.0]), ([2, 3], [0.5, 0.6])], "sum to 1"),
     ([([1], [1.0]), ([3], [1.0])], "no probability in its own"),
+    ([([1], [1.0]), ([2, 2], [0.5, 0.5])], "names a token twice"),
 ])
 def test_bad_draft_distributions_are_refused(draft_probs, message):
     with pytest.raises(InvalidRequestError, match=message):
         sampling.check_draft_probs([1, 2], draft_probs, VOCAB)
+
+
+@pytest.mark.parametrize("temperature", [1e-38, 1e-45, 9e-6])
+def test_a_temperature_too_small_to_divide_by_decodes_greedily(temperature):
+    """logits / 1e-38 overflow float32 (NaN probabilities); below MIN_TEMPERATURE decoding is greedy, as vLLM's."""
+    params = SamplingParams(temperature=temperature, seed=1).check()
+    assert params.is_greedy and params.temperature == 0.0
+    assert not SamplingParams(temperature=sampling.MIN_TEMPERATURE).is_greedy

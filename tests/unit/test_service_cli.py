@@ -16,6 +16,10 @@ from target_service.cli import main as target_main
     (gateway_main, ["--target", "127.0.0.1:1", "--num-draft-tokens", "-1"],
      "default_num_draft_tokens must be in [0, max_num_draft_tokens]"),
     (gateway_main, ["--target", "127.0.0.1:1", "--connect-timeout-s", "0"], "connect_timeout_s must be > 0"),
+    (gateway_main, ["--target", "127.0.0.1:1", "--max-num-draft-tokens", "65"],
+     "max_num_draft_tokens must be in [1, 64] (a target verifies at most 64"),
+    (gateway_main, ["--target", "127.0.0.1:1", "--max-new-tokens-limit", "20", "--default-max-new-tokens", "30"],
+     "default_max_new_tokens must be in [1, max_new_tokens_limit]"),
 ])
 def test_a_runtime_setting_out_of_range_exits_with_its_reason(main, argv, message, capsys):
     with pytest.raises(SystemExit) as exit_info:
@@ -35,11 +39,29 @@ def test_a_model_that_cannot_load_ends_the_service_with_its_reason(main, argv, t
     assert f"cannot load model '{missing}': no such file or directory" in error and "Traceback" not in error
 
 
+@pytest.mark.parametrize(("main", "argv"), [(target_main, []), (draft_main, ["--drafter", "model"])])
+def test_a_directory_that_holds_no_model_is_named_as_such(main, argv, tmp_path, capsys):
+    (tmp_path / "notes.txt").write_text("not a model")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--device", "cpu", *argv, "--model", str(tmp_path)])
+    assert exit_info.value.code == 2
+    assert "the directory has no config.json" in capsys.readouterr().err
+
+
 def test_the_gateway_gives_up_on_unreachable_services_after_its_connect_timeout(capsys):
     with pytest.raises(SystemExit) as exit_info:
         gateway_main(["--target", "127.0.0.1:1", "--draft", "none", "--connect-timeout-s", "0.3"])
     assert exit_info.value.code == 2
     assert "the target at 127.0.0.1:1 did not answer within 0.3 s" in capsys.readouterr().err
+
+
+def test_a_max_new_tokens_limit_alone_lowers_the_default_to_it(capsys):
+    """Only the services are missing: the configuration, default included, was accepted."""
+    with pytest.raises(SystemExit) as exit_info:
+        gateway_main(["--target", "127.0.0.1:1", "--draft", "none", "--connect-timeout-s", "0.1",
+                      "--max-new-tokens-limit", "20"])
+    assert exit_info.value.code == 2
+    assert "did not answer within 0.1 s" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(("main", "argv", "message"), [
