@@ -38,6 +38,10 @@ class StreamLost(ServiceUnavailableError):
     """A model stream broke (replica gone, connection lost, no answer in time): the request goes
     on without it - without the draft, or on another target replica after a re-prefill."""
 
+    def __init__(self, message: str, timed_out: bool = False) -> None:
+        super().__init__(message)
+        self.timed_out = timed_out  # connected, but silent past its step timeout (a hung process, say)
+
 
 class DraftLost(StreamLost):
     pass
@@ -114,7 +118,7 @@ class _BidiStream:
                 raise
             raise self._lost(f"{e.code().name}: {e.details()}") from e
         except TimeoutError as e:
-            raise self._lost(f"no answer within {self._step_timeout_s} s") from e
+            raise self._lost(f"no answer within {self._step_timeout_s} s", timed_out=True) from e
         except asyncio.InvalidStateError as e:  # the call ended between our last read and this write
             code, details = await self._call.code(), await self._call.details()
             if not self._is_lost(code):  # the deadline, say: the request's end, not the replica's
@@ -128,7 +132,7 @@ class _BidiStream:
     def _is_lost(self, code: grpc.StatusCode) -> bool:
         raise NotImplementedError
 
-    def _lost(self, why: str) -> StreamLost:
+    def _lost(self, why: str, timed_out: bool = False) -> StreamLost:
         raise NotImplementedError
 
     async def close(self) -> None:
@@ -150,8 +154,8 @@ class TargetStream(_BidiStream):
     def _is_lost(self, code: grpc.StatusCode) -> bool:
         return code in TARGET_LOST_CODES
 
-    def _lost(self, why: str) -> StreamLost:
-        return TargetLost(f"lost the target replica: {why}")
+    def _lost(self, why: str, timed_out: bool = False) -> StreamLost:
+        return TargetLost(f"lost the target replica: {why}", timed_out)
 
 
 class DraftStream(_BidiStream):
@@ -172,8 +176,8 @@ class DraftStream(_BidiStream):
     def _is_lost(self, code: grpc.StatusCode) -> bool:
         return code not in DRAFT_REQUEST_ERRORS
 
-    def _lost(self, why: str) -> StreamLost:
-        return DraftLost(f"lost the draft: {why}")
+    def _lost(self, why: str, timed_out: bool = False) -> StreamLost:
+        return DraftLost(f"lost the draft: {why}", timed_out)
 
 
 class RequestStreams:
@@ -186,7 +190,7 @@ class RequestStreams:
     def __init__(self, backends: Backends, draft_model: str, use_draft: bool, timeout_s: float | None) -> None:
         self._backends = backends
         self._draft_model = draft_model
-        self.use_draft = use_draft and backends.has_draft
+        self.use_draft = use_draft and backends.has_draft and not backends.draft_paused
         self._deadline = None if timeout_s is None else time.monotonic() + timeout_s
         self._opened: list[_BidiStream] = []
 
@@ -206,6 +210,10 @@ class RequestStreams:
         if not self.use_draft:
             return None
         return self._remember(self._backends.open_draft(self._draft_model, self._timeout_s))
+
+    def pause_draft(self) -> None:
+        """This request's draft timed out: new requests leave the draft pool alone for a while."""
+        self._backends.pause_draft()
 
     def forward_ns(self, kind: type[_BidiStream]) -> int:
         return sum(s.forward_ns for s in self._opened if isinstance(s, kind))
@@ -227,10 +235,13 @@ class Backends:
     """Channels to the target pool and (optionally) the draft pool, load-balanced by gRPC."""
 
     def __init__(self, target_address: str, draft_address: str | None, draft_step_timeout_s: float | None = None,
-                 target_failover_timeout_s: float = 5.0, tls: ClientTls | None = None) -> None:
+                 target_failover_timeout_s: float = 5.0, tls: ClientTls | None = None, draft_pause_s: float = 0.0
+                 ) -> None:
         """`draft_step_timeout_s`: a draft that takes longer to answer is dropped from the request;
         `target_failover_timeout_s`: how long a request that lost its target replica waits for a
-        connected one; `tls`: TLS (or mTLS) to both services; None: plaintext."""
+        connected one; `tls`: TLS (or mTLS) to both services; None: plaintext; `draft_pause_s`: after a
+        draft timed out, new requests run target-only this long (a hung draft, still connected, would
+        otherwise hold every request up by a step timeout; 0: never pause)."""
         self._addresses = {"target": target_address, "draft": draft_address}
         self._target_channel = open_channel(target_address, tls)
         self._target = target_pb2_grpc.TargetServiceStub(self._target_channel)
@@ -238,12 +249,23 @@ class Backends:
         self._draft = draft_pb2_grpc.DraftServiceStub(self._draft_channel) if self._draft_channel else None
         self._draft_step_timeout_s = draft_step_timeout_s
         self._target_failover_timeout_s = target_failover_timeout_s
+        self._draft_pause_s = draft_pause_s
+        self._draft_paused_until = 0.0
         self.target_info: common_pb2.ModelInfo | None = None
         self.draft_info: common_pb2.ModelInfo | None = None
 
     @property
     def has_draft(self) -> bool:
         return self._draft is not None
+
+    @property
+    def draft_paused(self) -> bool:
+        return time.monotonic() < self._draft_paused_until
+
+    def pause_draft(self) -> None:
+        if self._draft_pause_s > 0 and not self.draft_paused:
+            log.warning("a draft timed out: new requests run target-only for %g s", self._draft_pause_s)
+            self._draft_paused_until = time.monotonic() + self._draft_pause_s
 
     async def connect(self, timeout_s: float) -> PreTrainedTokenizerBase:
         """Waits for the services, checks they are compatible, returns the target's tokenizer."""

@@ -53,6 +53,9 @@ def main(argv: list[str] | None = None) -> None:
     faults = parser.add_argument_group("faults")
     faults.add_argument("--draft-step-timeout-s", type=float, default=env_default(PREFIX, "draft_step_timeout_s", 10.0),
                         help="a draft silent this long is dropped from the request (it goes on target-only)")
+    faults.add_argument("--draft-pause-s", type=float, default=env_default(PREFIX, "draft_pause_s", 30.0),
+                        help="after a draft timed out (a hung process), new requests run target-only this long "
+                             "before the draft is tried again (0: never pause)")
     faults.add_argument("--target-failover-timeout-s", type=float,
                         default=env_default(PREFIX, "target_failover_timeout_s", 5.0),
                         help="how long a request waits for a connected target replica before UNAVAILABLE")
@@ -83,6 +86,7 @@ def _config(args: argparse.Namespace) -> GatewayConfig:
         max_concurrent_requests=int(args.max_concurrent_requests),
         max_queued_requests=int(args.max_queued_requests),
         draft_step_timeout_s=float(args.draft_step_timeout_s),
+        draft_pause_s=float(args.draft_pause_s),
         target_failover_timeout_s=float(args.target_failover_timeout_s),
         connect_timeout_s=float(args.connect_timeout_s),
         max_target_retries=int(args.max_target_retries),

@@ -35,6 +35,7 @@ class GatewayConfig:
     max_concurrent_requests: int = 256
     max_queued_requests: int = 1024
     draft_step_timeout_s: float = 10.0
+    draft_pause_s: float = 30.0  # after a draft step timed out, new requests run target-only this long (0: never)
     target_failover_timeout_s: float = 5.0
     max_target_retries: int = 2
     backend_tls: ClientTls | None = None  # TLS (mTLS with a client certificate) to the model services
@@ -53,7 +54,9 @@ class GatewayConfig:
                 or self.max_queued_requests < 0:
             raise ValueError("max_prompt_tokens, max_request_bytes, max_concurrent_requests must be >= 1, "
                              "max_queued_requests >= 0")
-        if self.draft_step_timeout_s <= 0 or self.target_failover_timeout_s < 0 or self.max_target_retries < 0:
-            raise ValueError("draft_step_timeout_s must be > 0, target_failover_timeout_s and max_target_retries >= 0")
+        if self.draft_step_timeout_s <= 0 or min(self.target_failover_timeout_s, self.max_target_retries,
+                                                 self.draft_pause_s) < 0:
+            raise ValueError("draft_step_timeout_s must be > 0, target_failover_timeout_s, max_target_retries and "
+                             "draft_pause_s >= 0")
         if self.connect_timeout_s <= 0:
             raise ValueError(f"connect_timeout_s must be > 0, got {self.connect_timeout_s}")

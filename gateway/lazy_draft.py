@@ -8,6 +8,8 @@ runs target-only).
 """
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 
 from engine.sampling import SamplingParams
@@ -25,6 +27,7 @@ class LazyDraft:
         self._max_new_tokens = max_new_tokens
         self._sampling = sampling
         self._stream: DraftStream | None = None
+        self._opening: asyncio.Task[None] | None = None  # open_soon's
         self.is_lost = False
         # what the draft has not heard yet: how much of its open proposal survived, tokens to append
         self._num_accepted = 0
@@ -35,8 +38,15 @@ class LazyDraft:
     def is_open(self) -> bool:
         return self._stream is not None and not self.is_lost
 
+    def open_soon(self) -> asyncio.Task[None]:
+        """Opens the sequence in the background (beside the target's prefill): the first propose waits for
+        it, the request's first token need not (a hung draft would hold it up by a step timeout)."""
+        self._opening = asyncio.ensure_future(self.open())
+        return self._opening
+
     async def open(self) -> None:
-        """Opens the sequence and prefills everything committed so far but the newest token."""
+        """Opens the sequence and prefills everything committed so far but the newest token (what is
+        committed meanwhile stays unheard, for the first propose)."""
         catch_up_ids = self._unheard_ids[:-1]
         self._stream = self._streams.open_draft()
         try:
@@ -49,6 +59,9 @@ class LazyDraft:
 
     async def propose(self, num_draft_tokens: int) -> Proposal:
         """Up to `num_draft_tokens` tokens after the committed ones; none once the draft is lost."""
+        if self._opening is not None:
+            opening, self._opening = self._opening, None
+            await opening
         if not self.is_open and not self.is_lost:
             await self.open()
         if self.is_lost:
@@ -71,10 +84,16 @@ class LazyDraft:
 
     async def close(self) -> None:
         """Ends the stream, if one was opened; the draft service frees the sequence."""
+        if self._opening is not None and not self._opening.done():
+            self._opening.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._opening
         if self._stream is not None:
             await self._stream.close()
 
     async def _drop(self, lost: DraftLost) -> None:
         log.warning("%s; the request continues target-only", lost)
         self.is_lost = True
+        if lost.timed_out:
+            self._streams.pause_draft()
         await self._stream.close()

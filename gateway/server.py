@@ -34,7 +34,7 @@ async def start_gateway_server(
     `unix_socket`: serve gRPC there too.
     """
     backends = Backends(config.target_address, config.draft_address, config.draft_step_timeout_s,
-                        config.target_failover_timeout_s, config.backend_tls)
+                        config.target_failover_timeout_s, config.backend_tls, config.draft_pause_s)
     try:
         tokenizer = await backends.connect(config.connect_timeout_s)
     except BaseException:

@@ -93,44 +93,52 @@ async def _decode(
     # a verify commits up to k + 1 tokens after the prefill's one: with two new tokens or fewer none drafts
     draft = LazyDraft(streams, context_ids, max_new_tokens, sampling) \
         if num_draft_tokens > 0 and streams.use_draft and max_new_tokens > 2 else None
-    try:  # prefill both models at once
-        first, _ = await asyncio.gather(target.prefill(context_ids, max_new_tokens, sampling),
-                                        _open_early(draft, policy))
-    except TargetLost:
+    opening = _open_early(draft, policy)  # both models prefill at once
+    try:
+        first = await target.prefill(context_ids, max_new_tokens, sampling)
+        if opening is not None and opening.done():
+            await opening  # the draft's own errors (an unknown draft_model) come before the first token
+    except BaseException:
         await _close(target, draft)
         raise
-    if draft is not None:
-        draft.commit([first])
-    yield Step([first], 0, 0)
-    num_generated = 1
-    step_start = time.perf_counter()  # a step's wall time includes the caller's work on the previous one
-    while num_generated < max_new_tokens:
-        # a verify commits up to k + 1 tokens; never run past max_new_tokens
-        k = min(policy.next_k() if policy else num_draft_tokens, max_new_tokens - num_generated - 1) \
-            if draft is not None and not draft.is_lost else 0
-        proposal = await draft.propose(k) if k > 0 else Proposal([], [])
-        target_ns = target.forward_ns
-        try:
-            verified = await target.verify(proposal)
-        except TargetLost:
-            await _close(target, draft)
-            raise
-        if policy is not None:
-            step_end = time.perf_counter()
-            policy.record(len(proposal.token_ids), verified.num_accepted, (target.forward_ns - target_ns) / 1e9,
-                          proposal.forward_ns / 1e9, step_end - step_start)
-            step_start = step_end
+    try:
         if draft is not None:
-            draft.commit(verified.committed_ids, verified.num_accepted)
-        num_generated += len(verified.committed_ids)
-        yield Step(verified.committed_ids, len(proposal.token_ids), verified.num_accepted)
+            draft.commit([first])
+        yield Step([first], 0, 0)
+        num_generated = 1
+        step_start = time.perf_counter()  # a step's wall time includes the caller's work on the previous one
+        while num_generated < max_new_tokens:
+            # a verify commits up to k + 1 tokens; never run past max_new_tokens
+            k = min(policy.next_k() if policy else num_draft_tokens, max_new_tokens - num_generated - 1) \
+                if draft is not None and not draft.is_lost else 0
+            proposal = await draft.propose(k) if k > 0 else Proposal([], [])
+            target_ns = target.forward_ns
+            try:
+                verified = await target.verify(proposal)
+            except TargetLost:
+                await _close(target, draft)
+                raise
+            if policy is not None:
+                step_end = time.perf_counter()
+                policy.record(len(proposal.token_ids), verified.num_accepted, (target.forward_ns - target_ns) / 1e9,
+                              proposal.forward_ns / 1e9, step_end - step_start)
+                step_start = step_end
+            if draft is not None:
+                draft.commit(verified.committed_ids, verified.num_accepted)
+            num_generated += len(verified.committed_ids)
+            yield Step(verified.committed_ids, len(proposal.token_ids), verified.num_accepted)
+    finally:  # a draft still opening in the background is stopped with the request
+        if draft is not None:
+            await draft.close()
 
 
-async def _open_early(draft: LazyDraft | None, policy: SpeculationPolicy | None) -> None:
-    """Opens the draft alongside the target's prefill when the first step will draft (a pinned k, or
-    estimates that favour drafting); a request that starts at k = 0 leaves the draft service alone."""
+def _open_early(draft: LazyDraft | None, policy: SpeculationPolicy | None) -> asyncio.Task[None] | None:
+    """Starts opening the draft alongside the target's prefill when the first step will draft (a pinned k,
+    or estimates that favour drafting); a request that starts at k = 0 leaves the draft service alone.
+    The first token waits for the target only; the first propose waits for the draft."""
     if draft is not None and (policy is None or policy.is_drafting):
-        await draft.open()
+        return draft.open_soon()
+    return None
 
 
 async def _close(target: TargetStream, draft: LazyDraft | None) -> None:

@@ -107,10 +107,12 @@ def replicas_up(cluster):
 
 @pytest.fixture(scope="session")
 def cluster_gateway_port(loop, cluster) -> int:
-    """A gateway over both pools; a draft that is silent for 1 s is dropped from the request."""
+    """A gateway over both pools; a draft that is silent for 1 s is dropped from the request (and new requests
+    still try the drafts: no pause, so each test sees the pools as it left them)."""
     config = GatewayConfig(target_address="ipv4:" + ",".join(t.address for t in cluster.targets),
                            draft_address="ipv4:" + ",".join(d.address for d in cluster.drafts),
-                           default_num_draft_tokens=3, draft_step_timeout_s=1.0, connect_timeout_s=60)
+                           default_num_draft_tokens=3, draft_step_timeout_s=1.0, draft_pause_s=0,
+                           connect_timeout_s=60)
     server = loop.run(start_gateway_server(config))
     yield server.port
     loop.run(server.stop())

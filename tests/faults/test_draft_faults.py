@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import time
 
+import grpc
 import pytest
 from harness import generate, start_streaming
 
+from gateway.config import GatewayConfig
+from gateway.server import start_gateway_server
 from specdec.client import collect
+from specdec.v1 import gateway_pb2_grpc
 
 pytestmark = pytest.mark.slow  # starts service processes
 PROMPT = "The quick brown fox jumps over the lazy dog."
@@ -83,3 +87,40 @@ def test_new_requests_use_surviving_drafts_then_target_only_then_speculate_again
             break
         assert time.monotonic() < deadline, "speculation did not resume after the draft came back"
         time.sleep(0.2)
+
+
+PAUSE_S = 3.0
+
+
+@pytest.fixture
+def pausing_gateway(loop, cluster):
+    """A gateway that, once a draft timed out (1 s), leaves the draft pool alone for PAUSE_S."""
+    config = GatewayConfig(target_address="ipv4:" + ",".join(t.address for t in cluster.targets),
+                           draft_address="ipv4:" + ",".join(d.address for d in cluster.drafts),
+                           draft_step_timeout_s=1.0, draft_pause_s=PAUSE_S, connect_timeout_s=60)
+    server = loop.run(start_gateway_server(config))
+    with grpc.insecure_channel(f"127.0.0.1:{server.port}") as c:
+        yield gateway_pb2_grpc.GatewayStub(c)
+    loop.run(server.stop())
+
+
+def test_a_hung_draft_holds_up_neither_first_tokens_nor_the_requests_after_it(cluster, pausing_gateway, reference):
+    for draft in cluster.drafts:
+        draft.pause()  # SIGSTOP: connected, never answering (a hung GPU, say)
+    token_ids, _, final = generate(pausing_gateway, prompt=PROMPT, max_new_tokens=64, num_draft_tokens=3)
+    assert token_ids == reference[:64]
+    assert final.stats.time_to_first_token_s < 1.0  # the target's prefill, not the draft's 1 s step timeout
+    token_ids, _, final = generate(pausing_gateway, prompt=PROMPT, max_new_tokens=64, num_draft_tokens=3)
+    assert token_ids == reference[:64]
+    assert final.stats.num_draft_tokens == 0 and final.stats.draft_prefill_forward_s == 0  # the pool was let be
+    for draft in cluster.drafts:
+        draft.resume()
+    deadline = time.monotonic() + PAUSE_S + 30
+    while True:  # tried again after the pause
+        token_ids, _, final = generate(pausing_gateway, prompt=PROMPT, max_new_tokens=64, num_draft_tokens=3)
+        assert token_ids == reference[:64]
+        if final.stats.num_draft_tokens > 0:
+            break
+        assert time.monotonic() < deadline, "speculation did not resume after the pause"
+        time.sleep(0.2)
+    cluster.wait_idle()
