@@ -8,8 +8,8 @@ from draft_service.server import run
 from engine import pdl
 from engine.model_runner import QUANTIZE_MODES
 from engine.model_source import DEFAULT_MODEL
-from specdec.cli_args import (add_runtime_args, add_server_args, configure_and_run, env_default, runtime_config,
-                              setup_logging)
+from specdec.cli_args import (add_runtime_args, add_server_args, configure_and_run, env_default, env_flag, runtime_config,
+                              parse_service_args)
 from specdec.tls import add_server_tls_args, server_tls_config
 
 
@@ -31,13 +31,12 @@ def main(argv: list[str] | None = None) -> None:
                              "int8'); w8a8: every linear int8, and on CUDA its inputs too (int8 tensor cores). "
                              "A draft's numerics never change the output")
     parser.add_argument("--draft-ahead", action=argparse.BooleanOptionalAction,
-                        default=env_default("SPECDEC_DRAFT", "draft_ahead", "0") not in ("0", "false", ""),
+                        default=env_flag("SPECDEC_DRAFT", "draft_ahead", False),
                         help="greedy requests: go on drafting while the target verifies, as if all were accepted; "
                              "a proposal that finds its chain right costs no draft time (engine/model_drafter.py). "
                              "For a draft on a device of its own: on a shared one the chain takes the target's time")
     add_server_tls_args(parser, "SPECDEC_DRAFT")
-    args = parser.parse_args(argv)
-    setup_logging(args.log_level, args.log_format)
+    args = parse_service_args(parser, argv)
     quantize = args.quantize or ("int8" if args.device == "cpu" else "none")
     pdl.ENABLED = pdl.from_env(default=True)  # a draft's chains of small kernels gain (engine/pdl.py)
     server_tls_config(args)  # its files checked before the model loads, not after

@@ -9,9 +9,10 @@ from specdec.cli_args import (
     add_server_args,
     configure_and_run,
     env_default,
+    env_flag,
     port_number,
     service_address,
-    setup_logging,
+    parse_service_args,
 )
 from specdec.tls import add_client_tls_args, add_server_tls_args, client_tls_config
 
@@ -28,7 +29,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--num-draft-tokens", type=int, default=env_default(PREFIX, "num_draft_tokens", 4),
                         help="default k per request")
     parser.add_argument("--adaptive-num-draft-tokens", action=argparse.BooleanOptionalAction,
-                        default=env_default(PREFIX, "adaptive_num_draft_tokens", "1") not in ("0", "false", "no"),
+                        default=env_flag(PREFIX, "adaptive_num_draft_tokens", True),
                         help="choose k per step for requests that do not pin it, up to --num-draft-tokens")
     parser.add_argument("--max-num-draft-tokens", type=int, default=env_default(PREFIX, "max_num_draft_tokens", 16))
     parser.add_argument("--default-max-new-tokens", type=int, default=env_default(PREFIX, "default_max_new_tokens", None),
@@ -66,8 +67,7 @@ def main(argv: list[str] | None = None) -> None:
                         help="re-prefills on another target replica per request after a lost one")
     add_server_tls_args(parser, PREFIX)
     add_client_tls_args(parser, PREFIX)
-    args = parser.parse_args(argv)
-    setup_logging(args.log_level, args.log_format)
+    args = parse_service_args(parser, argv)
     configure_and_run(parser, args, lambda: _config(args), run)
 
 

@@ -21,6 +21,7 @@ from specdec.request_id import JsonFormatter, RequestIdFilter
 
 
 C = TypeVar("C")
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
 def env_default(prefix: str, name: str, default: str | int | None) -> str | int | None:
@@ -39,7 +40,7 @@ def add_server_args(parser: argparse.ArgumentParser, prefix: str, default_port: 
                              "(a second signal ends them at once)")
     parser.add_argument("--ready-file", type=Path, default=env("ready_file", None),
                         help="write HOST:PORT here once serving (for launchers)")
-    parser.add_argument("--log-level", default=env("log_level", "INFO"))
+    parser.add_argument("--log-level", type=str.upper, choices=LOG_LEVELS, default=env("log_level", "INFO"))
     parser.add_argument("--log-format", choices=["text", "json"], default=env("log_format", "text"),
                         help="json: one object per line with time, level, logger, request_id, message")
     parser.add_argument("--metrics-port", type=port_number, default=env("metrics_port", None),
@@ -86,7 +87,11 @@ def add_runtime_args(parser: argparse.ArgumentParser, prefix: str, default_model
 
 
 def runtime_config(args: argparse.Namespace) -> RuntimeConfig:
-    if args.num_threads:
+    """The runtime flags as a RuntimeConfig; a value it cannot take is a ValueError naming the flag."""
+    _check_device(str(args.device))
+    if _given(args.num_threads):
+        if int(args.num_threads) < 1:
+            raise ValueError(f"--num-threads must be >= 1, got {args.num_threads}")
         torch.set_num_threads(int(args.num_threads))
     on_cuda = str(args.device).startswith("cuda")
     dtype = args.dtype or ("bfloat16" if on_cuda else "float32")
@@ -94,27 +99,68 @@ def runtime_config(args: argparse.Namespace) -> RuntimeConfig:
         model=args.model,
         device=args.device,
         dtype=dtype,
-        max_model_len=int(args.max_model_len) if args.max_model_len else None,
+        max_model_len=int(args.max_model_len) if _given(args.max_model_len) else None,
         kv_cache_tokens=int(args.kv_cache_tokens),
-        kv_cache_memory_fraction=float(args.kv_cache_memory_fraction) if args.kv_cache_memory_fraction else None,
+        kv_cache_memory_fraction=float(args.kv_cache_memory_fraction) if _given(args.kv_cache_memory_fraction)
+        else None,
         attention_backend=args.attention_backend,
         layer_kernels=args.layer_kernels or (args.cuda_layer_kernels if on_cuda else "auto"),
         max_batch_size=int(args.max_batch_size),
     )
 
 
+def _given(value: object) -> bool:
+    """Set by a flag or its variable (0 included: it is refused, not taken for unset)."""
+    return value not in (None, "")
+
+
+def _check_device(device: str) -> None:
+    try:
+        torch.device(device)
+    except RuntimeError as e:
+        raise ValueError(f"--device {device!r}: {e}") from None
+
+
+def parse_service_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """Parses the flags and sets up logging. Values from SPECDEC_* variables (argparse's defaults) are held
+    to the same choices as the flags, which argparse checks only on the command line."""
+    args = parser.parse_args(argv)
+    for action in parser._actions:
+        value = getattr(args, action.dest, None)
+        if action.choices is not None and value is not None and value not in action.choices:
+            parser.error(f"argument {'/'.join(action.option_strings)}: invalid choice {value!r} (from the "
+                         f"environment; choose from {', '.join(map(str, action.choices))})")
+    device = getattr(args, "device", None)
+    if device is not None and str(device).startswith("cuda") and not torch.cuda.is_available():
+        parser.error(f"--device {device}: this torch sees no CUDA GPU (a CPU build, or no driver); use --device cpu")
+    setup_logging(args.log_level, args.log_format)
+    return args
+
+
+def env_flag(prefix: str, name: str, default: bool) -> bool:
+    """A boolean flag's default from its variable: 1/true/yes/on or 0/false/no/off (any case); unset: `default`."""
+    text = os.environ.get(f"{prefix}_{name.upper()}")
+    if text is None or text.strip() == "":
+        return default
+    if text.strip().lower() in ("1", "true", "yes", "on"):
+        return True
+    if text.strip().lower() in ("0", "false", "no", "off"):
+        return False
+    raise SystemExit(f"{prefix}_{name.upper()}={text!r}: use 1/true/yes/on or 0/false/no/off")
+
+
 def configure_and_run(parser: argparse.ArgumentParser, args: argparse.Namespace, configure: Callable[[], C],
                       run: Callable[[argparse.Namespace, C], None]) -> None:
     """A service's entry point after its flags are parsed: a value or combination its config refuses
     (ValueError) is a usage error; a refused start (a SpecdecError: a model that cannot load, an
-    incompatible draft) ends the process with its reason and status 2. Neither is a traceback."""
+    incompatible draft, a busy port) ends the process with its reason and status 2. Neither is a traceback."""
     try:
         config = configure()
     except ValueError as e:
         parser.error(str(e))
     try:
         run(args, config)
-    except SpecdecError as e:
+    except (SpecdecError, OSError) as e:  # OSError: a port, socket or file it could not take
         print(f"{parser.prog}: {e}", file=sys.stderr)
         sys.exit(2)
 

@@ -290,9 +290,13 @@ async def start_server(
     reflection.enable_server_reflection([*service_names, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
     metrics, listening, started = None, False, False
     try:
-        bound = _add_port(server, f"{host}:{port}", credentials)
+        try:
+            bound = _add_port(server, f"{host}:{port}", credentials)
+        except RuntimeError as e:  # gRPC's "Failed to bind": in use, or no such address here
+            raise OSError(f"cannot listen on {host}:{port}: {e} (is the port in use, or the --host not this "
+                          "machine's?)") from None
         if bound == 0:
-            raise OSError(f"cannot bind {host}:{port}")
+            raise OSError(f"cannot listen on {host}:{port}")
         if unix_socket is not None:
             _bind_unix_socket(server, unix_socket, credentials)
             listening = True

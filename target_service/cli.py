@@ -3,9 +3,11 @@ from __future__ import annotations
 
 import argparse
 
+from engine.model_runner import RuntimeConfig
 from engine.model_source import DEFAULT_MODEL
+from engine.target_engine import TargetEngineConfig
 from specdec.cli_args import (add_runtime_args, add_server_args, configure_and_run, env_default, runtime_config,
-                              setup_logging)
+                              parse_service_args)
 from specdec.tls import add_server_tls_args, server_tls_config
 from target_service.server import run
 
@@ -18,10 +20,14 @@ def main(argv: list[str] | None = None) -> None:
                         default=env_default("SPECDEC_TARGET", "max_num_batched_tokens", 2048),
                         help="tokens per forward; longer prompts are prefilled in chunks")
     add_server_tls_args(parser, "SPECDEC_TARGET")
-    args = parser.parse_args(argv)
-    setup_logging(args.log_level, args.log_format)
+    args = parse_service_args(parser, argv)
     server_tls_config(args)  # its files checked before the model loads, not after
-    configure_and_run(parser, args, lambda: runtime_config(args), run)
+    configure_and_run(parser, args, lambda: _config(args), run)
+
+
+def _config(args: argparse.Namespace) -> RuntimeConfig:
+    TargetEngineConfig(int(args.max_num_batched_tokens))  # refused here, before the model loads
+    return runtime_config(args)
 
 
 if __name__ == "__main__":

@@ -1,11 +1,13 @@
 """The services refuse flags they cannot take, and end a refused start, with a message that says what is wrong."""
 from __future__ import annotations
 
+import socket
+
 import pytest
 
 from draft_service.cli import main as draft_main
 from gateway.cli import main as gateway_main
-from specdec.cli_args import service_address
+from specdec.cli_args import env_flag, service_address
 from target_service.cli import main as target_main
 
 
@@ -16,6 +18,11 @@ from target_service.cli import main as target_main
     (gateway_main, ["--target", "127.0.0.1:1", "--num-draft-tokens", "-1"],
      "default_num_draft_tokens must be in [0, max_num_draft_tokens]"),
     (gateway_main, ["--target", "127.0.0.1:1", "--connect-timeout-s", "0"], "connect_timeout_s must be > 0"),
+    (target_main, ["--max-num-batched-tokens", "0"], "max_num_batched_tokens must be >= 1"),
+    (target_main, ["--num-threads", "-1"], "--num-threads must be >= 1"),
+    (target_main, ["--max-model-len", "0"], "max_model_len must be >= 2"),
+    (target_main, ["--device", "tpu9"], "--device 'tpu9'"),
+    (gateway_main, ["--target", "127.0.0.1:1", "--log-level", "chatty"], "argument --log-level: invalid choice"),
     (gateway_main, ["--target", "127.0.0.1:1", "--max-num-draft-tokens", "65"],
      "max_num_draft_tokens must be in [1, 64] (a target verifies at most 64"),
     (gateway_main, ["--target", "127.0.0.1:1", "--max-new-tokens-limit", "20", "--default-max-new-tokens", "30"],
@@ -106,3 +113,42 @@ def test_a_tls_file_that_cannot_be_read_is_named_with_its_flag_at_start(main, ar
     with pytest.raises(SystemExit) as exit_info:
         main([arg.format(missing=missing) for arg in argv])
     assert message.format(missing=missing) in str(exit_info.value.code)
+
+
+@pytest.mark.parametrize(("main", "variable", "value"), [
+    (gateway_main, "SPECDEC_GATEWAY_BUSY_POLL", "bogus"),
+    (gateway_main, "SPECDEC_GATEWAY_LOG_FORMAT", "xml"),
+    (draft_main, "SPECDEC_DRAFT_DRAFTER", "ngrm"),
+])
+def test_a_variable_outside_its_flags_choices_is_refused_at_start(main, variable, value, monkeypatch, capsys):
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--target", "127.0.0.1:1"] if main is gateway_main else ["--device", "cpu"])
+    assert exit_info.value.code == 2
+    assert f"invalid choice {value!r} (from the environment" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("text", "expected"), [("1", True), ("on", True), ("Yes", True), ("0", False),
+                                                ("off", False), ("False", False), ("", False), (None, False)])
+def test_a_boolean_variable_reads_the_usual_spellings(text, expected, monkeypatch):
+    if text is not None:
+        monkeypatch.setenv("SPECDEC_X_FLAG", text)
+    assert env_flag("SPECDEC_X", "flag", False) is expected
+
+
+def test_a_boolean_variable_of_another_spelling_is_refused(monkeypatch):
+    monkeypatch.setenv("SPECDEC_X_FLAG", "maybe")
+    with pytest.raises(SystemExit, match="SPECDEC_X_FLAG='maybe': use 1/true/yes/on or 0/false/no/off"):
+        env_flag("SPECDEC_X", "flag", False)
+
+
+def test_a_busy_port_ends_the_start_with_one_line_naming_it(capsys):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(SystemExit) as exit_info:
+            draft_main(["--drafter", "ngram", "--device", "cpu", "--port", str(port)])
+    assert exit_info.value.code == 2
+    error = capsys.readouterr().err
+    assert f"cannot listen on 127.0.0.1:{port}" in error and "Traceback" not in error
