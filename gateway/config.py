@@ -1,6 +1,7 @@
 """The gateway's configuration: a frozen dataclass validated once at start."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from engine.limits import MAX_VERIFY_DRAFT_TOKENS
@@ -50,13 +51,13 @@ class GatewayConfig:
             raise ValueError("default_max_new_tokens must be >= 1")
         if self.max_new_tokens_limit is not None and not 1 <= self.default_max_new_tokens <= self.max_new_tokens_limit:
             raise ValueError("default_max_new_tokens must be in [1, max_new_tokens_limit]")
-        if min(self.max_prompt_tokens or 1, self.max_request_bytes, self.max_concurrent_requests) < 1 \
-                or self.max_queued_requests < 0:
+        if min(1 if self.max_prompt_tokens is None else self.max_prompt_tokens, self.max_request_bytes,
+               self.max_concurrent_requests) < 1 or self.max_queued_requests < 0:
             raise ValueError("max_prompt_tokens, max_request_bytes, max_concurrent_requests must be >= 1, "
                              "max_queued_requests >= 0")
         if self.draft_step_timeout_s <= 0 or min(self.target_failover_timeout_s, self.max_target_retries,
                                                  self.draft_pause_s) < 0:
             raise ValueError("draft_step_timeout_s must be > 0, target_failover_timeout_s, max_target_retries and "
                              "draft_pause_s >= 0")
-        if self.connect_timeout_s <= 0:
+        if not self.connect_timeout_s > 0 or not math.isfinite(self.connect_timeout_s):
             raise ValueError(f"connect_timeout_s must be > 0, got {self.connect_timeout_s}")

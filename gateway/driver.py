@@ -20,6 +20,7 @@ from gateway.metrics import (
     OUTCOME_CANCELLED,
     OUTCOME_ERROR,
     OUTCOME_INVALID,
+    OUTCOME_REJECTED,
     OUTCOME_UNAVAILABLE,
     GatewayMetrics,
 )
@@ -30,7 +31,7 @@ from gateway.speculation_policy import SpeculationHistory, SpeculationPolicy
 from gateway.speculative_loop import speculative_generate
 from gateway.stats import RequestStats
 from specdec.busy_poll import BusyPoll
-from specdec.errors import InvalidRequestError, ServiceUnavailableError
+from specdec.errors import CapacityError, InvalidRequestError, NotFoundError, ServiceUnavailableError
 from specdec.request_id import current_request_id
 from specdec.v1 import gateway_pb2
 
@@ -89,20 +90,37 @@ class Driver:
         """Streams the completion once the request is admitted (CapacityError when the gateway's
         queue is full); iterate it inside `contextlib.aclosing` so an early stop frees the model
         streams at once. `timeout_s`: the client's remaining deadline, passed on to the model streams."""
-        polling = self._busy_poll.held() if self._busy_poll is not None else nullcontext()
-        with polling:
-            async with self._admission.slot(), aclosing(self._generate(params, api, timeout_s)) as deltas:
-                async for delta in deltas:
-                    yield delta
-
-    async def _generate(self, params: GenerationParams, api: str, timeout_s: float | None) -> AsyncIterator[Delta]:
+        # from receipt: the time waiting for a slot counts in the waiting gauge and the time to first token
         stats = RequestStats(num_prompt_tokens=len(params.prompt_ids), request_id=current_request_id())
+        polling = self._busy_poll.held() if self._busy_poll is not None else nullcontext()
+        self.metrics.waiting.inc()
+        admitted = False
+        try:
+            with polling:
+                async with self._admission.slot():
+                    admitted = True
+                    async with aclosing(self._generate(params, api, timeout_s, stats)) as deltas:
+                        async for delta in deltas:
+                            yield delta
+        except CapacityError:
+            self.metrics.requests.labels(api, OUTCOME_REJECTED).inc()
+            raise
+        except (asyncio.CancelledError, GeneratorExit):
+            if not admitted:  # gone while queued
+                self.metrics.requests.labels(api, OUTCOME_CANCELLED).inc()
+            raise
+        finally:
+            if not admitted:
+                self.metrics.waiting.dec()
+
+    async def _generate(self, params: GenerationParams, api: str, timeout_s: float | None, stats: RequestStats
+                        ) -> AsyncIterator[Delta]:
+        """`stats`: the request's, from its receipt; it is counted in the waiting gauge already."""
         output = CompletionOutput(self.tokenizer, params.prompt_ids, params.max_new_tokens, params.stop,
                                   [] if params.ignore_eos else self._eos_token_ids)
         streams = RequestStreams(self._backends, params.draft_model, params.num_draft_tokens > 0, timeout_s)
         outcome = OUTCOME_ERROR
         gauge = self.metrics.waiting
-        gauge.inc()
         try:
             policy = self._policy(params) if params.adaptive else None
             # read ahead: the next step's model round trips overlap this one's detokenizing and streaming
@@ -181,10 +199,15 @@ def _check_limits(params: GenerationParams, config: GatewayConfig) -> None:
 
 
 def _outcome_of(error: Exception) -> str:
-    if isinstance(error, InvalidRequestError):
+    """The outcome label of a failed request: whose doing it was, as its status says."""
+    if isinstance(error, InvalidRequestError | NotFoundError):
         return OUTCOME_INVALID
     if isinstance(error, ServiceUnavailableError):
         return OUTCOME_UNAVAILABLE
-    if isinstance(error, grpc.aio.AioRpcError) and error.code() == grpc.StatusCode.UNAVAILABLE:
-        return OUTCOME_UNAVAILABLE
+    if isinstance(error, CapacityError):
+        return OUTCOME_REJECTED
+    if isinstance(error, grpc.aio.AioRpcError):  # a model service's status, passed through
+        return {grpc.StatusCode.UNAVAILABLE: OUTCOME_UNAVAILABLE, grpc.StatusCode.NOT_FOUND: OUTCOME_INVALID,
+                grpc.StatusCode.INVALID_ARGUMENT: OUTCOME_INVALID,
+                grpc.StatusCode.RESOURCE_EXHAUSTED: OUTCOME_REJECTED}.get(error.code(), OUTCOME_ERROR)
     return OUTCOME_ERROR

@@ -19,6 +19,7 @@ K_BUCKETS = (0, 1, 2, 3, 4, 5, 6, 8, 10, 12, 16)
 OUTCOME_INVALID = "invalid_request"
 OUTCOME_CANCELLED = "cancelled"
 OUTCOME_UNAVAILABLE = "unavailable"
+OUTCOME_REJECTED = "rejected"  # no capacity: the gateway's queue or a model service's KV (RESOURCE_EXHAUSTED)
 OUTCOME_ERROR = "error"
 
 
@@ -51,7 +52,8 @@ class GatewayMetrics:
             "specdec_gateway_spec_decode_accepted_tokens_per_pos",
             "Draft tokens accepted at each position (0-based) of a step", ["position"], registry=r))
         self.chosen_k = Histogram("specdec_gateway_spec_decode_num_draft_tokens",
-                                  "Draft tokens asked for per verify step (k; 0 = target-only step)",
+                                  "Draft tokens proposed per verify step (0: a target-only step, or a drafter "
+                                  "that found nothing to propose)",
                                   buckets=K_BUCKETS, registry=r)
         self.forward_seconds = Counter("specdec_gateway_model_forward_seconds",
                                        "Forward time the model services reported for this gateway's requests",
@@ -75,7 +77,8 @@ class GatewayMetrics:
     def record_finished(self, stats: RequestStats, num_completion_tokens: int) -> None:
         self.prompt_tokens.inc(stats.num_prompt_tokens)
         self.generation_tokens.inc(num_completion_tokens)
-        self.tpot.observe(stats.time_per_output_token_s(num_completion_tokens))
+        if num_completion_tokens > 1:  # a one-token request has no time between tokens
+            self.tpot.observe(stats.time_per_output_token_s(num_completion_tokens))
         self.tokens_per_s.observe(stats.tokens_per_s(num_completion_tokens))
         self.forward_seconds.labels("draft").inc(stats.draft_forward_ns / 1e9)
         self.forward_seconds.labels("target").inc(stats.target_forward_ns / 1e9)

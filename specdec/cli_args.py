@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import sys
 from collections.abc import Callable
@@ -130,6 +131,8 @@ def parse_service_args(parser: argparse.ArgumentParser, argv: list[str] | None) 
         if action.choices is not None and value is not None and value not in action.choices:
             parser.error(f"argument {'/'.join(action.option_strings)}: invalid choice {value!r} (from the "
                          f"environment; choose from {', '.join(map(str, action.choices))})")
+    if not 0 <= args.shutdown_grace_s < math.inf:
+        parser.error(f"--shutdown-grace-s must be >= 0 seconds, got {args.shutdown_grace_s}")
     device = getattr(args, "device", None)
     if device is not None and str(device).startswith("cuda") and not torch.cuda.is_available():
         parser.error(f"--device {device}: this torch sees no CUDA GPU (a CPU build, or no driver); use --device cpu")

@@ -136,9 +136,9 @@ def _generate_admitted(stub, **fields):
     raise AssertionError("never admitted")
 
 
-def test_excess_concurrent_requests_wait_in_a_bounded_queue_then_get_resource_exhausted(loop, target_server):
+def test_excess_concurrent_requests_wait_in_a_bounded_queue_then_get_resource_exhausted(loop, target_server, scrape):
     config = GatewayConfig(f"127.0.0.1:{target_server.port}", None, max_concurrent_requests=1, max_queued_requests=1)
-    server = loop.run(start_gateway_server(config))
+    server = loop.run(start_gateway_server(config, metrics_port=0))
     try:
         with channel(server.port) as c:
             stub = gateway_pb2_grpc.GatewayStub(c)
@@ -150,6 +150,9 @@ def test_excess_concurrent_requests_wait_in_a_bounded_queue_then_get_resource_ex
                 list(stub.Generate(request, timeout=60))
             assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
             assert "at capacity (1 requests generating, 1 waiting)" in info.value.details()
+            metrics = scrape(server.metrics_port)
+            assert metrics.value("specdec_gateway_requests_waiting") == 1  # the queued one: no first token yet
+            assert metrics.value("specdec_gateway_requests_total", api="grpc", outcome="rejected") == 1
             running.cancel()
             assert sum(len(chunk.token_ids) for chunk in queued) == 200  # the queued one ran to the end
     finally:
