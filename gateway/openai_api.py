@@ -208,14 +208,14 @@ async def _until_disconnected(work: Awaitable[T], request: Request) -> T | None:
     watching = asyncio.ensure_future(_disconnect(request))
     try:
         await asyncio.wait([working, watching], return_when=asyncio.FIRST_COMPLETED)
-    finally:
+    finally:  # also when this handler is cancelled: the work ends before the caller closes what it used
         watching.cancel()
-        if not working.done():
+        gone = not working.done()
+        if gone:
             working.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await working
-            return None
-    return working.result()
+    return None if gone else working.result()
 
 
 async def _disconnect(request: Request) -> None:

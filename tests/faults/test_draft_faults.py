@@ -79,13 +79,18 @@ def test_new_requests_use_surviving_drafts_then_target_only_then_speculate_again
     assert token_ids == reference[:64]
     assert final.stats.num_draft_tokens == 0  # no draft left: target-only
     cluster.drafts[0].start()  # back on its port
-    deadline = time.monotonic() + 30
+    _until_speculating(cluster_gateway, reference, 30, "after the draft came back")
+
+
+def _until_speculating(stub, reference: list[int], within_s: float, what: str) -> None:
+    """Requests (each exact) until one speculates again."""
+    deadline = time.monotonic() + within_s
     while True:
-        token_ids, _, final = generate(cluster_gateway, prompt=PROMPT, max_new_tokens=64, num_draft_tokens=3)
+        token_ids, _, final = generate(stub, prompt=PROMPT, max_new_tokens=64, num_draft_tokens=3)
         assert token_ids == reference[:64]
         if final.stats.num_draft_tokens > 0:
-            break
-        assert time.monotonic() < deadline, "speculation did not resume after the draft came back"
+            return
+        assert time.monotonic() < deadline, f"speculation did not resume {what}"
         time.sleep(0.2)
 
 
@@ -115,12 +120,5 @@ def test_a_hung_draft_holds_up_neither_first_tokens_nor_the_requests_after_it(cl
     assert final.stats.num_draft_tokens == 0 and final.stats.draft_prefill_forward_s == 0  # the pool was let be
     for draft in cluster.drafts:
         draft.resume()
-    deadline = time.monotonic() + PAUSE_S + 30
-    while True:  # tried again after the pause
-        token_ids, _, final = generate(pausing_gateway, prompt=PROMPT, max_new_tokens=64, num_draft_tokens=3)
-        assert token_ids == reference[:64]
-        if final.stats.num_draft_tokens > 0:
-            break
-        assert time.monotonic() < deadline, "speculation did not resume after the pause"
-        time.sleep(0.2)
+    _until_speculating(pausing_gateway, reference, PAUSE_S + 30, "after the pause")  # the drafts tried again
     cluster.wait_idle()
