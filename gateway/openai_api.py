@@ -120,7 +120,10 @@ async def _prepare(driver: Driver, model_name: str, body: CompletionRequest | Ch
     except InvalidRequestError:
         driver.metrics.requests.labels(API, OUTCOME_INVALID).inc()
         raise
-    return await driver.prepare(request, API)
+    try:
+        return await driver.prepare(request, API)
+    except InvalidRequestError as e:  # the checks both front doors share name GenerateRequest's fields
+        raise InvalidRequestError(str(e).replace("max_new_tokens", "max_tokens")) from None
 
 
 class _Renderer:

@@ -88,6 +88,11 @@ def test_an_integer_beyond_32_bits_is_400_naming_it(field, http, model):
     assert error["param"] == field and "2147483647" in error["message"]
 
 
+def test_a_limit_message_names_openais_field(http, model):
+    error = _error(_post(http, "/v1/completions", {"model": model, "prompt": PROMPT, "max_tokens": 100_000}), 400)
+    assert "max_tokens (100000)" in error["message"] and "max_new_tokens" not in error["message"]
+
+
 @pytest.mark.parametrize("value", ["NaN", "Infinity"])
 def test_a_temperature_that_is_not_finite_is_400(value, http, model):
     body = f'{{"model": "{model}", "prompt": "hi", "max_tokens": 4, "temperature": {value}}}'.encode()
