@@ -91,8 +91,8 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
             raise PermissionDeniedError(
                 "admin RPCs are disabled on this draft service; start it with --admin-token "
                 "(or SPECDEC_DRAFT_ADMIN_TOKEN) and send 'authorization: Bearer TOKEN'")
-        sent = dict(context.invocation_metadata() or ()).get("authorization", "")
-        if not hmac.compare_digest(sent.encode(), f"Bearer {self._admin_token}".encode()):
+        sent = [value for key, value in context.invocation_metadata() or () if key == "authorization"]
+        if len(sent) != 1 or not hmac.compare_digest(sent[0].encode(), f"Bearer {self._admin_token}".encode()):
             raise PermissionDeniedError("missing or wrong admin token: send 'authorization: Bearer TOKEN' metadata")
 
 

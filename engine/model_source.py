@@ -78,6 +78,8 @@ def load_pretrained(spec: str, dtype: torch.dtype, device: torch.device, cache_d
     if path is not None and (path / DRAFT_FILE).is_file():
         return load_draft(spec, path, dtype, device, cache_dir)
     if path is not None and path.suffix == ".gguf":
+        if not path.is_file():  # a FIFO or a device would hang the hashing of its bytes, or never end it
+            raise UnsupportedModelError(f"cannot load model {spec!r}: not a regular file")
         source = str(converted_gguf_dir(path, cache_dir))
     elif path is not None:
         if path.is_dir() and not (path / "config.json").is_file():  # transformers would blame a tokenizer library

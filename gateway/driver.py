@@ -51,6 +51,8 @@ class Delta:
 
 MAX_DRAFT_HISTORIES = 64
 TOKENIZE_INLINE_CHARS = 16_384  # longer inputs are tokenized off the event loop (~8 ms a 16 KB prompt)
+CHAT_MESSAGE_CHARS = 32  # what a chat template adds around each message, about
+MAX_LONG_INPUTS = 8  # long inputs tokenizing or queued to; more are refused (RESOURCE_EXHAUSTED)
 
 
 class Driver:
@@ -69,6 +71,7 @@ class Driver:
         # per (draft name, greedy?): what its requests measured (greedy and sampled requests accept differently)
         self._histories: dict[tuple[str, bool], SpeculationHistory] = {}
         self._tokenizing = ThreadPoolExecutor(1, thread_name_prefix="tokenize")  # one long input at a time
+        self._num_long_inputs = 0  # tokenizing or waiting to
 
     async def prepare(self, request: gateway_pb2.GenerateRequest, api: str) -> GenerationParams:
         """Validates and tokenizes; raises InvalidRequestError with a message for the client. A long input
@@ -76,8 +79,7 @@ class Driver:
         serving every other request and stream meanwhile: a 4 MB prompt takes ~2 s to tokenize."""
         try:
             if _input_chars(request) > TOKENIZE_INLINE_CHARS:
-                params = await asyncio.get_running_loop().run_in_executor(
-                    self._tokenizing, parse_request, request, self.tokenizer, self._config, self.max_model_len)
+                params = await self._tokenize_apart(request)
             else:
                 params = parse_request(request, self.tokenizer, self._config, self.max_model_len)
             _check_limits(params, self._config)
@@ -85,6 +87,20 @@ class Driver:
         except InvalidRequestError:
             self.metrics.requests.labels(api, OUTCOME_INVALID).inc()
             raise
+        except CapacityError:
+            self.metrics.requests.labels(api, OUTCOME_REJECTED).inc()
+            raise
+
+    async def _tokenize_apart(self, request: gateway_pb2.GenerateRequest) -> GenerationParams:
+        """parse_request on the tokenizing thread; at most MAX_LONG_INPUTS wait for it (each holds its text)."""
+        if self._num_long_inputs >= MAX_LONG_INPUTS:
+            raise CapacityError(f"{self._num_long_inputs} long prompts are being tokenized; retry with backoff")
+        self._num_long_inputs += 1
+        try:
+            return await asyncio.get_running_loop().run_in_executor(
+                self._tokenizing, parse_request, request, self.tokenizer, self._config, self.max_model_len)
+        finally:
+            self._num_long_inputs -= 1
 
     async def generate(self, params: GenerationParams, api: str, timeout_s: float | None = None) -> AsyncIterator[Delta]:
         """Streams the completion once the request is admitted (CapacityError when the gateway's
@@ -185,7 +201,8 @@ class Driver:
 
 
 def _input_chars(request: gateway_pb2.GenerateRequest) -> int:
-    return len(request.prompt) + sum(len(message.content) for message in request.chat.messages)
+    """About the text the tokenizer will see: the prompt, or the chat's messages with their template."""
+    return len(request.prompt) + sum(len(message.content) + CHAT_MESSAGE_CHARS for message in request.chat.messages)
 
 
 def _check_limits(params: GenerationParams, config: GatewayConfig) -> None:

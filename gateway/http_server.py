@@ -21,15 +21,18 @@ class _InLoopServer(uvicorn.Server):
 
 
 class HttpServer:
-    def __init__(self, app: FastAPI, host: str, port: int) -> None:
-        """Binds now (a busy port fails here); `port` 0 picks a free one (see `.port`)."""
+    def __init__(self, app: FastAPI, host: str, port: int, max_connections: int | None = None) -> None:
+        """Binds now (a busy port fails here); `port` 0 picks a free one (see `.port`). Beyond `max_connections`
+        open connections (idle ones included: a client that never finishes its request holds one) a new
+        one gets 503 at once, so such clients cannot take every file descriptor of the process."""
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self._socket = socket.socket(family, socket.SOCK_STREAM)
         self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._socket.bind((host, port))
         self.port: int = self._socket.getsockname()[1]
         self._host = host
-        config = uvicorn.Config(app, lifespan="off", log_config=None, access_log=False)
+        config = uvicorn.Config(app, lifespan="off", log_config=None, access_log=False,
+                                limit_concurrency=max_connections)
         self._server = _InLoopServer(config)
         self._task: asyncio.Task[None] | None = None
 

@@ -12,6 +12,7 @@ from specdec.errors import InvalidRequestError
 from specdec.v1 import gateway_pb2
 
 CHAT_ROLES = ("system", "user", "assistant")
+MAX_CHAT_MESSAGES = 4096  # a chat template renders each: 500 000 empty ones held the loop for 20 s
 MAX_DRAFT_NAME_CHARS = 64  # as the draft service's names (draft_service/registry.py)
 
 
@@ -83,6 +84,8 @@ def _tokenize(request: gateway_pb2.GenerateRequest, tokenizer: PreTrainedTokeniz
         messages = [{"role": m.role, "content": m.content} for m in request.chat.messages]
         if not messages:
             raise InvalidRequestError("chat has no messages; send at least one")
+        if len(messages) > MAX_CHAT_MESSAGES:
+            raise InvalidRequestError(f"chat has {len(messages)} messages; at most {MAX_CHAT_MESSAGES}")
         bad = [m["role"] for m in messages if m["role"] not in CHAT_ROLES]
         if bad:
             raise InvalidRequestError(f"unknown chat role {bad[0]!r}; use one of {', '.join(CHAT_ROLES)}")

@@ -17,6 +17,7 @@ from specdec.tls import ServerTls, server_tls_config
 from specdec.v1 import gateway_pb2, gateway_pb2_grpc
 
 SERVICE_NAME = gateway_pb2.DESCRIPTOR.services_by_name["Gateway"].full_name
+HTTP_SPARE_CONNECTIONS = 64  # beyond the requests it may hold: /v1/models, /health, keep-alive
 
 
 async def start_gateway_server(
@@ -54,7 +55,8 @@ async def start_gateway_server(
 
         model_name = config.served_model_name or backends.target_info.model_id
         try:
-            http = HttpServer(create_app(driver, model_name, config.max_request_bytes), host, http_port)
+            http = HttpServer(create_app(driver, model_name, config.max_request_bytes), host, http_port,
+                              config.max_concurrent_requests + config.max_queued_requests + HTTP_SPARE_CONNECTIONS)
         except BaseException:
             await backends.close()
             raise

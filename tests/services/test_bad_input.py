@@ -40,6 +40,8 @@ def _error(stub, **fields) -> grpc.RpcError:
         ({"prompt": "hello", "max_new_tokens": 4, "stop": ["s"] * 17}, "at most 16 stop strings"),
         ({"prompt": "hello", "max_new_tokens": 4, "stop": [""]}, "stop strings must be 1 to"),
         ({"chat": gateway_pb2.ChatMessages(), "max_new_tokens": 4}, "chat has no messages"),
+        ({"chat": gateway_pb2.ChatMessages(messages=[gateway_pb2.ChatMessage(role="user")] * 4097), "max_new_tokens": 4},
+         "chat has 4097 messages; at most 4096"),
         ({"chat": gateway_pb2.ChatMessages(messages=[gateway_pb2.ChatMessage(role="robot", content="hi")]),
           "max_new_tokens": 4}, "unknown chat role 'robot'"),
     ],

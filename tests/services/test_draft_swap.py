@@ -135,6 +135,7 @@ def test_unknown_draft_name_is_not_found_and_frees_everything(swap_trio):
 @pytest.mark.parametrize("metadata, detail", [
     ((), "missing or wrong admin token"),
     ((("authorization", "Bearer wrong"),), "missing or wrong admin token"),
+    ((("authorization", "Bearer wrong"), *AUTH), "missing or wrong admin token"),  # one token, not a guess list
 ])
 def test_load_without_the_admin_token_is_permission_denied(swap_trio, model_dirs, metadata, detail):
     draft, _, _ = swap_trio

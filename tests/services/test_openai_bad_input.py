@@ -11,7 +11,10 @@ import requests
 import pytest
 from harness import channel, generate
 
+from fastapi import FastAPI
+
 from gateway.config import GatewayConfig
+from gateway.http_server import HttpServer
 from gateway.server import start_gateway_server
 from specdec.request_id import REQUEST_ID_KEY
 from specdec.v1 import common_pb2, target_pb2_grpc
@@ -202,3 +205,20 @@ def test_a_non_streamed_request_whose_client_leaves_stops_generating(http, model
         assert time.monotonic() < deadline, "the abandoned request kept generating"
         time.sleep(0.02)
     assert cancelled() == before + 1  # stopped, not finished at max_tokens
+
+
+def test_connections_beyond_the_limit_get_503_so_idle_ones_cannot_take_every_descriptor(loop):
+    app = FastAPI()
+    app.get("/health")(lambda: {})
+    server = HttpServer(app, "127.0.0.1", 0, max_connections=2)
+    loop.run(server.start())
+    idle = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(2)]  # never send a request
+    try:
+        time.sleep(0.2)  # accepted
+        assert requests.get(f"http://127.0.0.1:{server.port}/health", timeout=10).status_code == 503
+    finally:
+        for connection in idle:
+            connection.close()
+        loop.run(server.stop(1.0))
+    with pytest.raises(requests.ConnectionError):
+        requests.get(f"http://127.0.0.1:{server.port}/health", timeout=10)  # stopped

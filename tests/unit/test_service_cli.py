@@ -1,6 +1,7 @@
 """The services refuse flags they cannot take, and end a refused start, with a message that says what is wrong."""
 from __future__ import annotations
 
+import os
 import socket
 
 import pytest
@@ -155,3 +156,13 @@ def test_a_busy_port_ends_the_start_with_one_line_naming_it(capsys):
     assert exit_info.value.code == 2
     error = capsys.readouterr().err
     assert f"cannot listen on 127.0.0.1:{port}" in error and "Traceback" not in error
+
+
+def test_a_gguf_path_that_is_no_regular_file_is_refused_not_read(tmp_path, capsys):
+    """A FIFO would block its hashing forever (a device: never end it)."""
+    fifo = tmp_path / "model.gguf"
+    os.mkfifo(fifo)
+    with pytest.raises(SystemExit) as exit_info:
+        target_main(["--device", "cpu", "--model", str(fifo)])
+    assert exit_info.value.code == 2
+    assert "not a regular file" in capsys.readouterr().err
