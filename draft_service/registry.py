@@ -14,6 +14,7 @@ both models are resident until the old one's last request ends.
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import logging
 import re
@@ -122,6 +123,14 @@ class DraftRegistry:
 
     def list(self) -> list[DraftInfo]:
         return [DraftInfo(name, e.drafter, name == self._default) for name, e in self._entries.items()]
+
+    def stats(self) -> dict[str, int]:
+        """Every loaded draft's engine counters summed (each has its own KV pool); the block size is the default's."""
+        total: collections.Counter[str] = collections.Counter()
+        for entry in self._entries.values():
+            total.update(entry.drafter.stats())
+        total["kv_block_size"] = self.default.stats().get("kv_block_size", 0)
+        return dict(total)
 
     def acquire(self, name: str) -> Lease:
         """The drafter a new sequence runs on: `name`, or the default for ""."""

@@ -70,7 +70,7 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
         return model_info_pb(self._drafts.default.description)
 
     async def GetEngineStats(self, request, context) -> common_pb2.EngineStats:
-        return common_pb2.EngineStats(**self._drafts.default.stats())
+        return common_pb2.EngineStats(**self._drafts.stats())
 
     async def LoadDraft(self, request: draft_pb2.LoadDraftRequest, context) -> draft_pb2.LoadDraftResponse:
         self._check_admin(context)

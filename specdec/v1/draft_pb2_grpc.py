@@ -90,7 +90,8 @@ class DraftServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def GetEngineStats(self, request, context):
-        """/ Returns engine counters (KV usage, active sequences) of the default draft.
+        """/ Returns engine counters (KV usage, active sequences) summed over every loaded draft (each has
+        / its own KV pool); kv_block_size is the default draft's.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

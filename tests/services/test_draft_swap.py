@@ -264,3 +264,12 @@ def test_a_draft_the_requests_do_not_fit_leaves_them_target_only_and_exact(ngram
     _, _, final = generate(gateway, prompt="The quick brown fox", max_new_tokens=16, num_draft_tokens=3,
                            draft_model="short")
     assert final.stats.num_draft_tokens > 0  # a request within its context speculates
+
+
+def test_engine_stats_count_every_loaded_draft_not_just_the_default(swap_trio, model_dirs):
+    draft, gateway, _ = swap_trio
+    draft.LoadDraft(draft_pb2.LoadDraftRequest(name="second", model=str(model_dirs["perturbed"])), metadata=AUTH)
+    before = draft.GetEngineStats(common_pb2.EngineStatsRequest())
+    generate(gateway, prompt="Counted", max_new_tokens=8, num_draft_tokens=3, draft_model="second")
+    after = draft.GetEngineStats(common_pb2.EngineStatsRequest())
+    assert after.num_sequences_started == before.num_sequences_started + 1  # on "second", not the default
