@@ -84,10 +84,11 @@ class LazyDraft:
 
     async def close(self) -> None:
         """Ends the stream, if one was opened; the draft service frees the sequence."""
-        if self._opening is not None and not self._opening.done():
-            self._opening.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._opening
+        if self._opening is not None:  # never awaited by a propose (no step drafted)
+            opening, self._opening = self._opening, None
+            opening.cancel()
+            with contextlib.suppress(Exception, asyncio.CancelledError):  # its error no longer matters
+                await opening
         if self._stream is not None:
             await self._stream.close()
 
