@@ -127,9 +127,12 @@ class DraftRegistry:
     def stats(self) -> dict[str, int]:
         """Every loaded draft's engine counters summed (each has its own KV pool); the block size is the default's."""
         total: collections.Counter[str] = collections.Counter()
-        for entry in self._entries.values():
-            total.update(entry.drafter.stats())
-        total["kv_block_size"] = self.default.stats().get("kv_block_size", 0)
+        for name, entry in self._entries.items():
+            stats = entry.drafter.stats()
+            total.update(stats)
+            if name == self._default:
+                block_size = stats.get("kv_block_size", 0)
+        total["kv_block_size"] = block_size
         return dict(total)
 
     def acquire(self, name: str) -> Lease:

@@ -118,12 +118,10 @@ class Driver:
                     async with aclosing(self._generate(params, api, timeout_s, stats)) as deltas:
                         async for delta in deltas:
                             yield delta
-        except CapacityError:
-            self.metrics.requests.labels(api, OUTCOME_REJECTED).inc()
-            raise
-        except (asyncio.CancelledError, GeneratorExit):
-            if not admitted:  # gone while queued
-                self.metrics.requests.labels(api, OUTCOME_CANCELLED).inc()
+        except (CapacityError, asyncio.CancelledError, GeneratorExit) as e:
+            if not admitted:  # refused, or gone while queued (an admitted request counts its own outcome)
+                outcome = OUTCOME_REJECTED if isinstance(e, CapacityError) else OUTCOME_CANCELLED
+                self.metrics.requests.labels(api, outcome).inc()
             raise
         finally:
             if not admitted:
@@ -221,8 +219,6 @@ def _outcome_of(error: Exception) -> str:
         return OUTCOME_INVALID
     if isinstance(error, ServiceUnavailableError):
         return OUTCOME_UNAVAILABLE
-    if isinstance(error, CapacityError):
-        return OUTCOME_REJECTED
     if isinstance(error, grpc.aio.AioRpcError):  # a model service's status, passed through
         return {grpc.StatusCode.UNAVAILABLE: OUTCOME_UNAVAILABLE, grpc.StatusCode.NOT_FOUND: OUTCOME_INVALID,
                 grpc.StatusCode.INVALID_ARGUMENT: OUTCOME_INVALID,

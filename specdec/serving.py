@@ -290,13 +290,8 @@ async def start_server(
     reflection.enable_server_reflection([*service_names, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
     metrics, listening, started = None, False, False
     try:
-        try:
-            bound = _add_port(server, f"{host}:{port}", credentials)
-        except RuntimeError as e:  # gRPC's "Failed to bind": in use, or no such address here
-            raise OSError(f"cannot listen on {host}:{port}: {e} (is the port in use, or the --host not this "
-                          "machine's?)") from None
-        if bound == 0:
-            raise OSError(f"cannot listen on {host}:{port}")
+        bound = _add_port(server, f"{host}:{port}", credentials,
+                          " (is the port in use, or the --host not this machine's?)")
         if unix_socket is not None:
             _bind_unix_socket(server, unix_socket, credentials)
             listening = True
@@ -344,18 +339,20 @@ def _bind_unix_socket(server: grpc.aio.Server, path: Path, credentials: grpc.Ser
         path.unlink()
     elif path.exists():
         raise OSError(f"cannot listen on unix:{path}: a file that is not a socket is there")
-    address = f"unix:{path}"
+    _add_port(server, f"unix:{path}", credentials)
+
+
+def _add_port(server: grpc.aio.Server, address: str, credentials: grpc.ServerCredentials | None,
+              hint: str = "") -> int:
+    """Binds `address`, over TLS when `credentials` are given; returns the port bound. An address it cannot
+    bind is an OSError naming it (and `hint`, what to check)."""
     try:
-        bound = _add_port(server, address, credentials)
-    except RuntimeError as e:  # gRPC raises where it cannot bind (a missing directory, no permission)
-        raise OSError(f"cannot listen on {address}: {e}") from None
+        bound = server.add_secure_port(address, credentials) if credentials else server.add_insecure_port(address)
+    except RuntimeError as e:  # gRPC's "Failed to bind": in use, no such address here, a missing directory
+        raise OSError(f"cannot listen on {address}: {e}{hint}") from None
     if not bound:
-        raise OSError(f"cannot listen on {address}")
-
-
-def _add_port(server: grpc.aio.Server, address: str, credentials: grpc.ServerCredentials | None) -> int:
-    """Binds `address`, over TLS when `credentials` are given; the port bound (0: none)."""
-    return server.add_secure_port(address, credentials) if credentials else server.add_insecure_port(address)
+        raise OSError(f"cannot listen on {address}{hint}")
+    return bound
 
 
 async def serve_until_signal(start: Callable[[], Awaitable[RunningServer]], cpus: frozenset[int] | None = None,
