@@ -24,7 +24,9 @@ H200, so give such a call 8 minutes or more). `--variant SPEC` (two or more; the
 While one variant runs, the others' services wait idle (no stream open: no busy polling).
 Metrics per variant label (medians over the rounds): `LABEL_target_only_tok_s`,
 `LABEL_spec_tok_s_alpha0.8_k4`, `LABEL_draft_propose_ms_k4`, `LABEL_target_verify_ms_k4`,
-`LABEL_rpc_overhead_fraction`; `LABEL_over_BASE_*` each one's ratio to the baseline's; every round's
+`LABEL_rpc_overhead_fraction`, `LABEL_spec_step_ms`, the times to first token `LABEL_spec_ttft_ms` and
+`LABEL_target_only_ttft_ms`, the target's prefill forward in a speculative request `LABEL_spec_target_prefill_ms`;
+`LABEL_over_BASE_*` each one's ratio to the baseline's; every round's
 figures in the details. Each variant's speculative output is checked equal to its own reference, and
 each target-only output against the baseline's (`LABEL_target_only_differs_from_base`: 0 for changes
 that keep the bits). The report is written again after every round all variants completed, so a run
@@ -64,6 +66,10 @@ FIGURES = {  # metric name: (configuration, run_config's key)
     "draft_propose_ms_k4": ("spec", "draft_ms_per_step"),
     "target_verify_ms_k4": ("spec", "target_ms_per_step"),
     "rpc_overhead_fraction": ("spec", "rpc_overhead_fraction"),
+    "spec_step_ms": ("spec", "step_ms"),
+    "spec_ttft_ms": ("spec", "ttft_ms"),
+    "spec_target_prefill_ms": ("spec", "target_prefill_ms"),
+    "target_only_ttft_ms": ("target_only", "ttft_ms"),
 }
 
 

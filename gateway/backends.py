@@ -191,6 +191,8 @@ class RequestStreams:
         self._backends = backends
         self._draft_model = draft_model
         self.use_draft = use_draft and backends.has_draft and not backends.draft_paused
+        self.draft_opens_with_prefill = backends.draft_opens_with_prefill
+        self.names_draft = bool(draft_model)  # not the draft service's default
         self._deadline = None if timeout_s is None else time.monotonic() + timeout_s
         self._opened: list[_BidiStream] = []
 
@@ -235,13 +237,14 @@ class Backends:
     """Channels to the target pool and (optionally) the draft pool, load-balanced by gRPC."""
 
     def __init__(self, target_address: str, draft_address: str | None, draft_step_timeout_s: float | None = None,
-                 target_failover_timeout_s: float = 5.0, tls: ClientTls | None = None, draft_pause_s: float = 0.0
-                 ) -> None:
+                 target_failover_timeout_s: float = 5.0, tls: ClientTls | None = None, draft_pause_s: float = 0.0,
+                 draft_opens_with_prefill: bool = True) -> None:
         """`draft_step_timeout_s`: a draft that takes longer to answer is dropped from the request;
         `target_failover_timeout_s`: how long a request that lost its target replica waits for a
         connected one; `tls`: TLS (or mTLS) to both services; None: plaintext; `draft_pause_s`: after a
         draft timed out, new requests run target-only this long (a hung draft, still connected, would
-        otherwise hold every request up by a step timeout; 0: never pause)."""
+        otherwise hold every request up by a step timeout; 0: never pause); `draft_opens_with_prefill`: a
+        request's draft sequence opens beside its target prefill, else once the first token is in."""
         self._addresses = {"target": target_address, "draft": draft_address}
         self._target_channel = open_channel(target_address, tls)
         self._target = target_pb2_grpc.TargetServiceStub(self._target_channel)
@@ -250,6 +253,7 @@ class Backends:
         self._draft_step_timeout_s = draft_step_timeout_s
         self._target_failover_timeout_s = target_failover_timeout_s
         self._draft_pause_s = draft_pause_s
+        self.draft_opens_with_prefill = draft_opens_with_prefill
         self._draft_paused_until = 0.0
         self.target_info: common_pb2.ModelInfo | None = None
         self.draft_info: common_pb2.ModelInfo | None = None

@@ -32,6 +32,10 @@ def main(argv: list[str] | None = None) -> None:
                         default=env_flag(PREFIX, "adaptive_num_draft_tokens", True),
                         help="choose k per step for requests that do not pin it, up to --num-draft-tokens")
     parser.add_argument("--max-num-draft-tokens", type=int, default=env_default(PREFIX, "max_num_draft_tokens", 16))
+    parser.add_argument("--draft-opens-with-prefill", action=argparse.BooleanOptionalAction,
+                        default=env_flag(PREFIX, "draft_opens_with_prefill", True),
+                        help="a request's draft prefills beside its target prefill; --no-...: once the first token is "
+                             "in (on a GPU the services share, the target's prefill then runs alone: a sooner first token)")
     parser.add_argument("--default-max-new-tokens", type=int, default=env_default(PREFIX, "default_max_new_tokens", None),
                         help=f"max_new_tokens of a request that sets none (default {DEFAULT_MAX_NEW_TOKENS}, or "
                              "--max-new-tokens-limit if lower)")
@@ -87,6 +91,7 @@ def _config(args: argparse.Namespace) -> GatewayConfig:
         max_queued_requests=int(args.max_queued_requests),
         draft_step_timeout_s=float(args.draft_step_timeout_s),
         draft_pause_s=float(args.draft_pause_s),
+        draft_opens_with_prefill=args.draft_opens_with_prefill,
         target_failover_timeout_s=float(args.target_failover_timeout_s),
         connect_timeout_s=float(args.connect_timeout_s),
         max_target_retries=int(args.max_target_retries),

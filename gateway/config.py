@@ -37,6 +37,9 @@ class GatewayConfig:
     max_queued_requests: int = 1024
     draft_step_timeout_s: float = 10.0
     draft_pause_s: float = 30.0  # after a draft step timed out, new requests run target-only this long (0: never)
+    # the draft prefills beside the target's prefill; False: once the first token is in (a GPU the two services
+    # share then runs the target's prefill alone, and the first token comes sooner)
+    draft_opens_with_prefill: bool = True
     target_failover_timeout_s: float = 5.0
     max_target_retries: int = 2
     backend_tls: ClientTls | None = None  # TLS (mTLS with a client certificate) to the model services

@@ -93,7 +93,10 @@ async def _decode(
     # a verify commits up to k + 1 tokens after the prefill's one: with two new tokens or fewer none drafts
     draft = LazyDraft(streams, context_ids, max_new_tokens, sampling) \
         if num_draft_tokens > 0 and streams.use_draft and max_new_tokens > 2 else None
-    opening = _open_early(draft, policy)  # both models prefill at once
+    # both models prefill at once, or (streams.draft_opens_with_prefill off) the draft once the first token is in;
+    # a draft named by the request opens beside the prefill either way: an unknown name's NOT_FOUND comes first
+    beside = streams.draft_opens_with_prefill or streams.names_draft
+    opening = _open_early(draft, policy) if beside else None
     try:
         first = await target.prefill(context_ids, max_new_tokens, sampling)
         if opening is not None and opening.done():
@@ -104,6 +107,8 @@ async def _decode(
     try:
         if draft is not None:
             draft.commit([first])
+            if not beside:
+                _open_early(draft, policy)
         yield Step([first], 0, 0)
         num_generated = 1
         step_start = time.perf_counter()  # a step's wall time includes the caller's work on the previous one
@@ -133,9 +138,9 @@ async def _decode(
 
 
 def _open_early(draft: LazyDraft | None, policy: SpeculationPolicy | None) -> asyncio.Task[None] | None:
-    """Starts opening the draft alongside the target's prefill when the first step will draft (a pinned k,
-    or estimates that favour drafting); a request that starts at k = 0 leaves the draft service alone.
-    The first token waits for the target only; the first propose waits for the draft."""
+    """Starts opening the draft in the background (beside the target's prefill, or after it) when the first step
+    will draft (a pinned k, or estimates that favour drafting); a request that starts at k = 0 leaves the draft
+    service alone. The first token waits for the target only; the first propose waits for the draft."""
     if draft is not None and (policy is None or policy.is_drafting):
         return draft.open_soon()
     return None

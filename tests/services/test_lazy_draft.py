@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 
+import pytest
 from harness import channel, generate
 
 from engine.sampling import SamplingParams
@@ -12,6 +13,7 @@ from gateway.backends import Backends, RequestStreams
 from gateway.config import GatewayConfig
 from gateway.lazy_draft import LazyDraft
 from gateway.server import start_gateway_server
+from gateway.speculative_loop import speculative_generate
 from specdec.v1 import common_pb2, gateway_pb2_grpc
 
 PROMPTS = ["The quick brown fox", "def add(a, b):\n    return", "Speculative decoding is"]
@@ -129,3 +131,53 @@ def test_a_request_of_two_new_tokens_or_fewer_leaves_the_draft_alone(gateway_stu
         assert tokens == hf_greedy(tokenizer.encode(PROMPTS[0]), max_new)
         assert final.stats.draft_prefill_forward_s == 0
     assert _draft_stats(perturbed).num_sequences_started == before
+
+
+class _OrderedStreams(RequestStreams):
+    """The request's real streams, noting when the draft's is opened and when the target's first token is in."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.events: list[str] = []
+
+    def open_target(self):
+        stream = super().open_target()
+        prefill = stream.prefill
+
+        async def noted(*args, **kwargs) -> int:
+            token_id = await prefill(*args, **kwargs)
+            self.events.append("first token")
+            return token_id
+
+        stream.prefill = noted
+        return stream
+
+    def open_draft(self):
+        self.events.append("draft opened")
+        return super().open_draft()
+
+
+@pytest.mark.parametrize("with_prefill, draft_model, beside", [(True, "", True), (False, "", False), (False, "default", True)],
+                         ids=["beside-the-prefill", "after-the-first-token", "a-named-draft-beside-the-prefill"])
+def test_the_draft_opens_beside_the_target_prefill_or_after_the_first_token_and_output_is_identical(
+        loop, target_server, draft_servers, draft_stub, tokenizer, hf_greedy, with_prefill, draft_model, beside):
+    """--no-draft-opens-with-prefill: on a GPU the services share, the target's prefill runs alone; a draft the
+    request names still opens beside it (an unknown name is NOT_FOUND before the first token)."""
+    prompt_ids = tokenizer.encode(PROMPTS[2])
+
+    async def run():
+        backends = Backends(f"127.0.0.1:{target_server.port}", f"127.0.0.1:{draft_servers['identical'].port}",
+                            draft_opens_with_prefill=with_prefill)
+        streams = _OrderedStreams(backends, draft_model, use_draft=True, timeout_s=60)
+        try:
+            steps = [step async for step in speculative_generate(prompt_ids, 16, 3, streams)]
+        finally:
+            await streams.close()
+            await backends.close()
+        return [t for step in steps for t in step.committed_ids], streams.events, steps
+
+    token_ids, events, steps = loop.run(run())
+    assert token_ids == hf_greedy(prompt_ids, 16)
+    assert sum(step.num_accepted for step in steps) > 0  # the draft (the target's weights) took part
+    assert events == (["draft opened", "first token"] if beside else ["first token", "draft opened"])
+    _wait_draft_idle(draft_stub("identical"))
