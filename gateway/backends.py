@@ -238,13 +238,14 @@ class Backends:
 
     def __init__(self, target_address: str, draft_address: str | None, draft_step_timeout_s: float | None = None,
                  target_failover_timeout_s: float = 5.0, tls: ClientTls | None = None, draft_pause_s: float = 0.0,
-                 draft_opens_with_prefill: bool = True) -> None:
+                 draft_opens_with_prefill: bool = False) -> None:
         """`draft_step_timeout_s`: a draft that takes longer to answer is dropped from the request;
         `target_failover_timeout_s`: how long a request that lost its target replica waits for a
         connected one; `tls`: TLS (or mTLS) to both services; None: plaintext; `draft_pause_s`: after a
         draft timed out, new requests run target-only this long (a hung draft, still connected, would
         otherwise hold every request up by a step timeout; 0: never pause); `draft_opens_with_prefill`: a
-        request's draft sequence opens beside its target prefill, else once the first token is in."""
+        request's draft sequence opens beside its target prefill, else once the first token is in (a draft the
+        request names opens beside it either way: gateway/speculative_loop.py)."""
         self._addresses = {"target": target_address, "draft": draft_address}
         self._target_channel = open_channel(target_address, tls)
         self._target = target_pb2_grpc.TargetServiceStub(self._target_channel)

@@ -33,9 +33,10 @@ def main(argv: list[str] | None = None) -> None:
                         help="choose k per step for requests that do not pin it, up to --num-draft-tokens")
     parser.add_argument("--max-num-draft-tokens", type=int, default=env_default(PREFIX, "max_num_draft_tokens", 16))
     parser.add_argument("--draft-opens-with-prefill", action=argparse.BooleanOptionalAction,
-                        default=env_flag(PREFIX, "draft_opens_with_prefill", True),
-                        help="a request's draft prefills beside its target prefill; --no-...: once the first token is "
-                             "in (on a GPU the services share, the target's prefill then runs alone: a sooner first token)")
+                        default=env_flag(PREFIX, "draft_opens_with_prefill", False),
+                        help="a request's draft prefills beside its target prefill, for a draft on hardware of its own; "
+                             "default: once the first token is in (a CPU or GPU the services share runs the target's "
+                             "prefill alone: a sooner first token)")
     parser.add_argument("--default-max-new-tokens", type=int, default=env_default(PREFIX, "default_max_new_tokens", None),
                         help=f"max_new_tokens of a request that sets none (default {DEFAULT_MAX_NEW_TOKENS}, or "
                              "--max-new-tokens-limit if lower)")

@@ -37,9 +37,10 @@ class GatewayConfig:
     max_queued_requests: int = 1024
     draft_step_timeout_s: float = 10.0
     draft_pause_s: float = 30.0  # after a draft step timed out, new requests run target-only this long (0: never)
-    # the draft prefills beside the target's prefill; False: once the first token is in (a GPU the two services
-    # share then runs the target's prefill alone, and the first token comes sooner)
-    draft_opens_with_prefill: bool = True
+    # a request's draft opens (prefills) once the first token is in, so a CPU or GPU the two services share runs the
+    # target's prefill alone and the first token comes sooner; True: beside the target's prefill (a draft on
+    # hardware of its own is then ready sooner). A draft the request names opens beside the prefill either way.
+    draft_opens_with_prefill: bool = False
     target_failover_timeout_s: float = 5.0
     max_target_retries: int = 2
     backend_tls: ClientTls | None = None  # TLS (mTLS with a client certificate) to the model services

@@ -2,7 +2,8 @@
 
   draft proposes k tokens after the committed ones (from its own KV cache; k from the request, or
     per step from gateway/speculation_policy.py; while k = 0 the draft is not asked at all, and
-    its sequence is opened by the first step that drafts: gateway/lazy_draft.py);
+    its sequence is opened by the first step that drafts: gateway/lazy_draft.py; else in the background once
+    the first token is in, or beside the target's prefill);
   target runs all k + 1 positions in one forward and commits the accepted prefix plus one token
   of its own (recovered at the first mismatch, bonus if all matched) - exactly its greedy output,
     or for sampled requests a rejection-sampling verify that keeps its distribution (engine/sampling.py);
@@ -93,8 +94,9 @@ async def _decode(
     # a verify commits up to k + 1 tokens after the prefill's one: with two new tokens or fewer none drafts
     draft = LazyDraft(streams, context_ids, max_new_tokens, sampling) \
         if num_draft_tokens > 0 and streams.use_draft and max_new_tokens > 2 else None
-    # both models prefill at once, or (streams.draft_opens_with_prefill off) the draft once the first token is in;
-    # a draft named by the request opens beside the prefill either way: an unknown name's NOT_FOUND comes first
+    # the draft opens once the first token is in (the target's prefill alone on hardware the two share), or with
+    # streams.draft_opens_with_prefill beside it; a draft the request names opens beside the prefill either way,
+    # so an unknown name's NOT_FOUND comes before the first token
     beside = streams.draft_opens_with_prefill or streams.names_draft
     opening = _open_early(draft, policy) if beside else None
     try:

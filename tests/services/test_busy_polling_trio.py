@@ -66,7 +66,8 @@ def test_every_service_polls_during_a_stream_and_stops_after_it(polling_trio):
     polls = {name: server.busy_poll.num_polls for name, server in polling_trio.items()}
     with channel(polling_trio["gateway"].port) as c:
         stream = gateway_pb2_grpc.GatewayStub(c).Generate(gateway_pb2.GenerateRequest(**request), timeout=60)
-        next(stream)  # the first token: every stream of the request is open
+        next(stream)  # the first token; the draft's stream opens once it is in
+        next(stream)  # a step's tokens: its proposal came through the draft's stream, every stream is open
         during = _holders(polling_trio)
         for _ in stream:
             pass
