@@ -68,6 +68,9 @@ def main(argv: list[str] | None = None) -> None:
     faults.add_argument("--connect-timeout-s", type=float, default=env_default(PREFIX, "connect_timeout_s", 600.0),
                         help="how long the gateway waits at start for the model services (which may still be loading "
                              "their weights) before it gives up")
+    faults.add_argument("--stream-stall-timeout-s", type=float, default=env_default(PREFIX, "stream_stall_timeout_s", 60.0),
+                        help="a client that takes none of its stream's messages this long (connected, not reading) is "
+                             "dropped: its request is cancelled and its KV freed")
     faults.add_argument("--max-target-retries", type=int, default=env_default(PREFIX, "max_target_retries", 2),
                         help="re-prefills on another target replica per request after a lost one")
     add_server_tls_args(parser, PREFIX)
@@ -96,6 +99,7 @@ def _config(args: argparse.Namespace) -> GatewayConfig:
         target_failover_timeout_s=float(args.target_failover_timeout_s),
         connect_timeout_s=float(args.connect_timeout_s),
         max_target_retries=int(args.max_target_retries),
+        stream_stall_timeout_s=float(args.stream_stall_timeout_s),
         backend_tls=client_tls_config(args),
     )
 

@@ -43,6 +43,9 @@ class GatewayConfig:
     draft_opens_with_prefill: bool = False
     target_failover_timeout_s: float = 5.0
     max_target_retries: int = 2
+    # a client that takes none of its stream's messages this long (connected, its flow-control window full) is
+    # dropped: its request is cancelled, freeing its slot and KV, which it would otherwise hold until its deadline
+    stream_stall_timeout_s: float = 60.0
     backend_tls: ClientTls | None = None  # TLS (mTLS with a client certificate) to the model services
 
     def __post_init__(self) -> None:
@@ -63,5 +66,7 @@ class GatewayConfig:
                                                  self.draft_pause_s) < 0:
             raise ValueError("draft_step_timeout_s must be > 0, target_failover_timeout_s, max_target_retries and "
                              "draft_pause_s >= 0")
-        if not self.connect_timeout_s > 0 or not math.isfinite(self.connect_timeout_s):
-            raise ValueError(f"connect_timeout_s must be > 0, got {self.connect_timeout_s}")
+        for name in ("connect_timeout_s", "stream_stall_timeout_s"):
+            value = getattr(self, name)
+            if not value > 0 or not math.isfinite(value):
+                raise ValueError(f"{name} must be > 0, got {value}")

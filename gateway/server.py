@@ -48,7 +48,7 @@ async def start_gateway_server(
     poll = make_busy_poll(busy_poll_enabled(busy_poll, device), busy_poll_enabled(idle_poll, device),
                           rehearse_messages if keep_warm_enabled() else None)
     driver = Driver(config, backends, tokenizer, metrics, poll)
-    servicer = GatewayServicer(driver)
+    servicer = GatewayServicer(driver, config.stream_stall_timeout_s)
     http = None
     if http_port is not None:  # bound before the gRPC server starts: a busy port fails the start cleanly
         from gateway.http_server import HttpServer  # the HTTP stack only where it is served

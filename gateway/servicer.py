@@ -1,7 +1,7 @@
 """Gateway.Generate: protobuf <-> the generation driver, nothing else."""
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
 from contextlib import aclosing
 
 import grpc
@@ -19,19 +19,35 @@ FINISH_REASON_PB = {
 
 
 class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
-    def __init__(self, driver: Driver) -> None:
+    def __init__(self, driver: Driver, stall_timeout_s: float | None = None) -> None:
+        """`stall_timeout_s`: a client that takes none of its stream's messages for this long is dropped."""
         self._driver = driver
+        self._stall_timeout_s = stall_timeout_s
 
-    async def Generate(
-        self, request: gateway_pb2.GenerateRequest, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[gateway_pb2.GenerateResponse]:
+    async def Generate(self, request: gateway_pb2.GenerateRequest, context: grpc.aio.ServicerContext) -> None:
         params = await self._driver.prepare(request, API)
         async with aclosing(self._driver.generate(params, API, context.time_remaining())) as deltas:
             async for delta in deltas:
                 if delta.stats is None:
-                    yield gateway_pb2.GenerateResponse(token_ids=delta.token_ids, text=delta.text)
+                    response = gateway_pb2.GenerateResponse(token_ids=delta.token_ids, text=delta.text)
                 else:  # the final delta: no tokens, the finish reason and the request's figures
-                    yield gateway_pb2.GenerateResponse(
-                        finish_reason=FINISH_REASON_PB[delta.finish],
-                        stats=delta.stats.to_pb(delta.num_completion_tokens),
-                    )
+                    response = gateway_pb2.GenerateResponse(finish_reason=FINISH_REASON_PB[delta.finish],
+                                                            stats=delta.stats.to_pb(delta.num_completion_tokens))
+                if not await self._written(response, context):
+                    break
+            else:
+                return
+        # the generation is closed, its model sequences freed; the status waits behind what the client has not taken
+        await context.abort(grpc.StatusCode.CANCELLED,
+                            f"the client stopped reading the stream: nothing it was sent was taken for "
+                            f"{self._stall_timeout_s:g} s (--stream-stall-timeout-s), so the request was cancelled")
+
+    async def _written(self, response: gateway_pb2.GenerateResponse, context: grpc.aio.ServicerContext) -> bool:
+        """Writes `response`; False if the client's flow-control window stayed full for the stall timeout (a
+        client connected but not reading)."""
+        try:
+            async with asyncio.timeout(self._stall_timeout_s):
+                await context.write(response)
+        except TimeoutError:
+            return False
+        return True

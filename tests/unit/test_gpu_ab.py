@@ -12,9 +12,9 @@ def gpu_ab():
     yield from bench_module("gpu_ab")
 
 
-def _result(tok_s: float, token_ids: list[list[int]], draft_ms: float = 3.0) -> dict:
-    return {"tok_s": tok_s, "draft_ms_per_step": draft_ms, "target_ms_per_step": 4.8,
-            "rpc_overhead_fraction": 0.1, "token_ids": token_ids}
+def _result(tok_s: float, token_ids: list[list[int]], draft_ms: float = 3.0, ttft_ms: float = 12.0) -> dict:
+    return {"tok_s": tok_s, "draft_ms_per_step": draft_ms, "target_ms_per_step": 4.8, "step_ms": 8.6,
+            "rpc_overhead_fraction": 0.1, "ttft_ms": ttft_ms, "target_prefill_ms": 10.0, "token_ids": token_ids}
 
 
 def test_a_variant_spec_names_its_label_variables_arguments_mps_uds_streams_and_tree(gpu_ab):
@@ -51,13 +51,14 @@ def test_the_report_takes_medians_over_rounds_and_counts_outputs_that_differ(gpu
         base.rounds.append({"target_only": _result(190.0, reference), "spec": _result(spec_tok_s, reference)})
     for spec_tok_s in (330.0, 341.0, 320.0):
         mps.rounds.append({"target_only": _result(200.0, mps.reference),
-                           "spec": _result(spec_tok_s, [[1, 2, 3], [4, 5, 7]], draft_ms=2.5)})
+                           "spec": _result(spec_tok_s, [[1, 2, 3], [4, 5, 7]], draft_ms=2.5, ttft_ms=9.0)})
     metrics = gpu_ab.ab_metrics([base, mps])
     assert metrics["rounds"] == 3
     assert metrics["base_spec_tok_s_alpha0.8_k4"] == 310.0
     assert metrics["mps_spec_tok_s_alpha0.8_k4"] == 330.0
     assert metrics["mps_over_base_spec_tok_s_alpha0.8_k4"] == pytest.approx(330 / 310)
     assert metrics["mps_over_base_draft_propose_ms_k4"] == pytest.approx(2.5 / 3.0)
+    assert metrics["mps_spec_ttft_ms"] == 9.0 and metrics["mps_over_base_spec_ttft_ms"] == pytest.approx(9 / 12)
     assert metrics["base_spec_outputs_differ"] == 0
     assert metrics["mps_spec_outputs_differ"] == 3  # one prompt's output differs from its reference in each round
     assert metrics["mps_target_only_differs_from_base"] == 1
