@@ -75,8 +75,9 @@ def error_of(error: Exception) -> tuple[int, str]:
     return HTTP_STATUS_OF_GRPC.get(code, 500), message
 
 
-def create_app(driver: Driver, model_name: str, max_request_bytes: int) -> FastAPI:
-    """`max_request_bytes`: the largest body accepted (413 beyond it), as gRPC's limit for Generate."""
+def create_app(driver: Driver, model_name: str, max_request_bytes: int, stall_timeout_s: float = 60.0) -> FastAPI:
+    """`max_request_bytes`: the largest body accepted (413 beyond it), as gRPC's limit for Generate;
+    `stall_timeout_s`: a streamed request whose client takes none of its events this long ends (_SseResponse)."""
     app = FastAPI(title="specdec gateway (OpenAI-compatible)", docs_url=None, redoc_url=None)
     created = int(time.time())
     _add_error_handlers(app, lambda: driver.metrics.requests.labels(API, OUTCOME_INVALID).inc())
@@ -97,14 +98,14 @@ def create_app(driver: Driver, model_name: str, max_request_bytes: int) -> FastA
     async def completions(body: CompletionRequest, request: Request):
         params = await _prepare(driver, model_name, body)
         render = _Renderer("text_completion", model_name, lambda text: {"text": text, "logprobs": None})
-        return await _respond(driver, params, body.stream, body.include_usage, render, request)
+        return await _respond(driver, params, body.stream, body.include_usage, render, request, stall_timeout_s)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request):
         params = await _prepare(driver, model_name, body)
         render = _Renderer("chat.completion", model_name, lambda text: {"message": {"role": "assistant",
                                                                                      "content": text}})
-        return await _respond(driver, params, body.stream, body.include_usage, render, request)
+        return await _respond(driver, params, body.stream, body.include_usage, render, request, stall_timeout_s)
 
     return app
 
@@ -186,7 +187,7 @@ def usage(final: Delta) -> dict:
 
 
 async def _respond(driver: Driver, params: GenerationParams, stream: bool, include_usage: bool,
-                   render: _Renderer, request: Request):
+                   render: _Renderer, request: Request, stall_timeout_s: float):
     """Waits for the first tokens before answering, so what fails before them (no capacity, a model
     service down, an unknown draft) gets its own HTTP status, streamed or not."""
     deltas = driver.generate(params, API)
@@ -199,9 +200,31 @@ async def _respond(driver: Driver, params: GenerationParams, stream: bool, inclu
         await deltas.aclose()
         return Response(status_code=CLIENT_CLOSED_REQUEST)
     if stream:
-        return StreamingResponse(_sse(first, deltas, include_usage, render), media_type="text/event-stream")
+        return SseResponse(_sse(first, deltas, include_usage, render), stall_timeout_s)
     whole = await _until_disconnected(_collect(first, deltas, render), request)
     return whole if whole is not None else Response(status_code=CLIENT_CLOSED_REQUEST)
+
+
+class SseResponse(StreamingResponse):
+    """Server-sent events whose writes wait at most `stall_timeout_s` for a client that takes none of them
+    (connected, not reading: the socket's buffers and the server's write buffer full). Past it the events'
+    generator is closed, which ends the generation and frees its model sequences and slot, and the connection
+    is dropped; before, such a client held them until it went (the gRPC API's --stream-stall-timeout-s)."""
+
+    def __init__(self, events: AsyncIterator[str], stall_timeout_s: float) -> None:
+        super().__init__(events, media_type="text/event-stream")
+        self._stall_timeout_s = stall_timeout_s
+
+    async def stream_response(self, send: Send) -> None:
+        async def bounded(message: Message) -> None:
+            async with asyncio.timeout(self._stall_timeout_s):
+                await send(message)
+
+        try:
+            await super().stream_response(bounded)
+        except TimeoutError:
+            await self.body_iterator.aclose()
+            log.warning("the client stopped reading its stream for %g s: request cancelled", self._stall_timeout_s)
 
 
 async def _until_disconnected(work: Awaitable[T], request: Request) -> T | None:

@@ -56,7 +56,8 @@ async def start_gateway_server(
 
         model_name = config.served_model_name or backends.target_info.model_id
         try:
-            http = HttpServer(create_app(driver, model_name, config.max_request_bytes), host, http_port,
+            app = create_app(driver, model_name, config.max_request_bytes, config.stream_stall_timeout_s)
+            http = HttpServer(app, host, http_port,
                               config.max_concurrent_requests + config.max_queued_requests + HTTP_SPARE_CONNECTIONS)
         except BaseException:
             await backends.close()
