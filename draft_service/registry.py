@@ -164,7 +164,7 @@ class DraftRegistry:
                 raise InvalidRequestError(f"a draft named {name!r} is loaded; set replace to swap it")
             started = asyncio.get_running_loop().time()
             try:
-                drafter = await self._load(model)
+                drafter = await self._built(model)
             except SpecdecError:
                 raise
             except Exception as e:  # bad path, unreachable hub, corrupt file: the old state keeps serving
@@ -230,6 +230,23 @@ class DraftRegistry:
         entry.retired = True
         if entry.num_leases == 0:
             self._stop_later(entry.drafter)
+
+    async def _built(self, model: str) -> Drafter:
+        """`self._load(model)`. A caller cancelled meanwhile (its client gave up: a deadline) still waits for the build,
+        which runs on its thread either way, so loads stay one at a time; what it made is stopped once made, and the
+        state it would have changed keeps serving, as after any failed load."""
+        loading = asyncio.ensure_future(self._load(model))
+        try:
+            return await asyncio.shield(loading)
+        except asyncio.CancelledError:
+            loading.add_done_callback(self._stop_abandoned)
+            await asyncio.wait({loading})
+            raise
+
+    def _stop_abandoned(self, loading: asyncio.Future[Drafter]) -> None:
+        if not loading.cancelled() and loading.exception() is None:
+            log.info("a load its caller gave up on finished; its draft is stopped, nothing was switched")
+            self._stop_later(loading.result())
 
     def _stop_later(self, drafter: Drafter) -> None:
         task = asyncio.get_running_loop().create_task(drafter.stop())

@@ -273,3 +273,48 @@ def test_engine_stats_count_every_loaded_draft_not_just_the_default(swap_trio, m
     generate(gateway, prompt="Counted", max_new_tokens=8, num_draft_tokens=3, draft_model="second")
     after = draft.GetEngineStats(common_pb2.EngineStatsRequest())
     assert after.num_sequences_started == before.num_sequences_started + 1  # on "second", not the default
+
+
+
+class _StoppedNgram(NgramDrafter):
+    def __init__(self) -> None:
+        super().__init__()
+        self.stopped = False
+
+    async def stop(self) -> None:
+        self.stopped = True
+        await super().stop()
+
+
+def test_a_load_its_caller_gave_up_on_holds_the_next_until_built_and_switches_nothing(loop):
+    """A LoadDraft whose client's deadline passes is cancelled, but its build runs on its thread regardless: the
+    next load waits for it (one model built at a time), and what it made is stopped, the drafts as they were."""
+    builds: list[tuple[float, float]] = []  # each build's start and end, on its thread
+    made: list[_StoppedNgram] = []
+
+    def build() -> _StoppedNgram:
+        started = time.monotonic()
+        time.sleep(0.3)  # a model's load: nothing cancels it
+        builds.append((started, time.monotonic()))
+        made.append(_StoppedNgram())
+        return made[-1]
+
+    async def load(model: str) -> _StoppedNgram:
+        return await asyncio.wrap_future(concurrent.futures.ThreadPoolExecutor(1).submit(build))
+
+    async def scenario() -> tuple[list[str], list[bool]]:
+        registry = DraftRegistry(load)
+        await registry.load("first", "x")
+        abandoned = asyncio.ensure_future(registry.load("late", "y"))
+        await asyncio.sleep(0.05)
+        abandoned.cancel()  # what the server does to the handler at the client's deadline
+        await registry.load("next", "z")
+        await asyncio.sleep(0.1)  # the abandoned draft's stop runs in the background
+        names, stopped = [info.name for info in registry.list()], [d.stopped for d in made]
+        await registry.stop()
+        return names, stopped
+
+    names, stopped = loop.run(scenario())
+    assert names == ["first", "next"]
+    assert builds[1][1] <= builds[2][0]  # the next build started after the abandoned one had ended
+    assert stopped == [False, True, False]  # the abandoned load's draft stopped, the served ones not
