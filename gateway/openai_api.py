@@ -77,7 +77,7 @@ def error_of(error: Exception) -> tuple[int, str]:
 
 def create_app(driver: Driver, model_name: str, max_request_bytes: int, stall_timeout_s: float = 60.0) -> FastAPI:
     """`max_request_bytes`: the largest body accepted (413 beyond it), as gRPC's limit for Generate;
-    `stall_timeout_s`: a streamed request whose client takes none of its events this long ends (_SseResponse)."""
+    `stall_timeout_s`: a streamed request whose client takes none of its events this long ends (SseResponse)."""
     app = FastAPI(title="specdec gateway (OpenAI-compatible)", docs_url=None, redoc_url=None)
     created = int(time.time())
     _add_error_handlers(app, lambda: driver.metrics.requests.labels(API, OUTCOME_INVALID).inc())
