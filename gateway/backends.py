@@ -192,7 +192,8 @@ class RequestStreams:
         self._draft_model = draft_model
         self.use_draft = use_draft and backends.has_draft and not backends.draft_paused
         self.draft_opens_with_prefill = backends.draft_opens_with_prefill
-        self.names_draft = bool(draft_model)  # not the draft service's default
+        # a draft named by the request that no request has opened yet: it may be unknown to the draft service
+        self.names_new_draft = bool(draft_model) and draft_model not in backends.opened_drafts
         self._deadline = None if timeout_s is None else time.monotonic() + timeout_s
         self._opened: list[_BidiStream] = []
 
@@ -216,6 +217,10 @@ class RequestStreams:
     def pause_draft(self) -> None:
         """This request's draft timed out: new requests leave the draft pool alone for a while."""
         self._backends.pause_draft()
+
+    def draft_opened(self) -> None:
+        """The draft service took this request's draft (its name is known there)."""
+        self._backends.opened_drafts.add(self._draft_model)
 
     def forward_ns(self, kind: type[_BidiStream]) -> int:
         return sum(s.forward_ns for s in self._opened if isinstance(s, kind))
@@ -255,6 +260,7 @@ class Backends:
         self._target_failover_timeout_s = target_failover_timeout_s
         self._draft_pause_s = draft_pause_s
         self.draft_opens_with_prefill = draft_opens_with_prefill
+        self.opened_drafts: set[str] = set()  # draft names requests have opened sequences of
         self._draft_paused_until = 0.0
         self.target_info: common_pb2.ModelInfo | None = None
         self.draft_info: common_pb2.ModelInfo | None = None

@@ -55,6 +55,7 @@ class LazyDraft:
         except DraftLost as lost:
             await self._drop(lost)
             return
+        self._streams.draft_opened()
         del self._unheard_ids[:len(catch_up_ids)]
 
     async def propose(self, num_draft_tokens: int) -> Proposal:

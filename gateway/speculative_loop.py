@@ -95,9 +95,9 @@ async def _decode(
     draft = LazyDraft(streams, context_ids, max_new_tokens, sampling) \
         if num_draft_tokens > 0 and streams.use_draft and max_new_tokens > 2 else None
     # the draft opens once the first token is in (the target's prefill alone on hardware the two share), or with
-    # streams.draft_opens_with_prefill beside it; a draft the request names opens beside the prefill either way,
-    # so an unknown name's NOT_FOUND comes before the first token
-    beside = streams.draft_opens_with_prefill or streams.names_draft
+    # streams.draft_opens_with_prefill beside it; so does a draft the request names that no request has opened
+    # yet, so that an unknown name's NOT_FOUND comes before the first token
+    beside = streams.draft_opens_with_prefill or streams.names_new_draft
     opening = _open_early(draft, policy) if beside else None
     try:
         first = await target.prefill(context_ids, max_new_tokens, sampling)

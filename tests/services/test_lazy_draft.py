@@ -157,27 +157,38 @@ class _OrderedStreams(RequestStreams):
         return super().open_draft()
 
 
-@pytest.mark.parametrize("with_prefill, draft_model, beside", [(True, "", True), (False, "", False), (False, "default", True)],
-                         ids=["beside-the-prefill", "after-the-first-token", "a-named-draft-beside-the-prefill"])
+@pytest.mark.parametrize("with_prefill, draft_model, expected", [
+    (True, "", ["beside", "beside"]), (False, "", ["after", "after"]), (False, "default", ["beside", "after"])],
+    ids=["beside-the-prefill", "after-the-first-token", "a-new-draft-name-beside-then-after"])
 def test_the_draft_opens_beside_the_target_prefill_or_after_the_first_token_and_output_is_identical(
-        loop, target_server, draft_servers, draft_stub, tokenizer, hf_greedy, with_prefill, draft_model, beside):
-    """--no-draft-opens-with-prefill: on a GPU the services share, the target's prefill runs alone; a draft the
-    request names still opens beside it (an unknown name is NOT_FOUND before the first token)."""
+        loop, target_server, draft_servers, draft_stub, tokenizer, hf_greedy, with_prefill, draft_model, expected):
+    """By default a request's draft opens once the first token is in (on hardware the services share, the target's
+    prefill runs alone); --draft-opens-with-prefill: beside it. A draft name no request has opened yet opens beside
+    the prefill (an unknown name is NOT_FOUND before the first token), after it once the draft service took it."""
     prompt_ids = tokenizer.encode(PROMPTS[2])
 
     async def run():
         backends = Backends(f"127.0.0.1:{target_server.port}", f"127.0.0.1:{draft_servers['identical'].port}",
                             draft_opens_with_prefill=with_prefill)
-        streams = _OrderedStreams(backends, draft_model, use_draft=True, timeout_s=60)
+        orders, outputs = [], []
         try:
-            steps = [step async for step in speculative_generate(prompt_ids, 16, 3, streams)]
+            for _ in range(2):
+                streams = _OrderedStreams(backends, draft_model, use_draft=True, timeout_s=60)
+                try:
+                    steps = [step async for step in speculative_generate(prompt_ids, 16, 3, streams)]
+                finally:
+                    await streams.close()
+                orders.append("beside" if streams.events == ["draft opened", "first token"] else
+                              "after" if streams.events == ["first token", "draft opened"] else str(streams.events))
+                outputs.append(([t for step in steps for t in step.committed_ids],
+                                sum(step.num_accepted for step in steps)))
         finally:
-            await streams.close()
             await backends.close()
-        return [t for step in steps for t in step.committed_ids], streams.events, steps
+        return orders, outputs
 
-    token_ids, events, steps = loop.run(run())
-    assert token_ids == hf_greedy(prompt_ids, 16)
-    assert sum(step.num_accepted for step in steps) > 0  # the draft (the target's weights) took part
-    assert events == (["draft opened", "first token"] if beside else ["first token", "draft opened"])
+    orders, outputs = loop.run(run())
+    assert orders == expected
+    for token_ids, num_accepted in outputs:
+        assert token_ids == hf_greedy(prompt_ids, 16)
+        assert num_accepted > 0  # the draft (the target's weights) took part
     _wait_draft_idle(draft_stub("identical"))
