@@ -249,8 +249,8 @@ class Backends:
         connected one; `tls`: TLS (or mTLS) to both services; None: plaintext; `draft_pause_s`: after a
         draft timed out, new requests run target-only this long (a hung draft, still connected, would
         otherwise hold every request up by a step timeout; 0: never pause); `draft_opens_with_prefill`: a
-        request's draft sequence opens beside its target prefill, else once the first token is in (a draft the
-        request names opens beside it either way: gateway/speculative_loop.py)."""
+        request's draft sequence opens beside its target prefill, else once the first token is in (a draft name
+        no request has opened yet opens beside it either way: gateway/speculative_loop.py)."""
         self._addresses = {"target": target_address, "draft": draft_address}
         self._target_channel = open_channel(target_address, tls)
         self._target = target_pb2_grpc.TargetServiceStub(self._target_channel)

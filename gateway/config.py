@@ -39,7 +39,7 @@ class GatewayConfig:
     draft_pause_s: float = 30.0  # after a draft step timed out, new requests run target-only this long (0: never)
     # a request's draft opens (prefills) once the first token is in, so a CPU or GPU the two services share runs the
     # target's prefill alone and the first token comes sooner; True: beside the target's prefill (a draft on
-    # hardware of its own is then ready sooner). A draft the request names opens beside the prefill either way.
+    # hardware of its own is then ready sooner). A draft name no request has opened yet opens beside the prefill either way.
     draft_opens_with_prefill: bool = False
     target_failover_timeout_s: float = 5.0
     max_target_retries: int = 2
