@@ -191,9 +191,10 @@ class RequestStreams:
         self._backends = backends
         self._draft_model = draft_model
         self.use_draft = use_draft and backends.has_draft and not backends.draft_paused
-        self.draft_opens_with_prefill = backends.draft_opens_with_prefill
-        # a draft named by the request that no request has opened yet: it may be unknown to the draft service
-        self.names_new_draft = bool(draft_model) and draft_model not in backends.opened_drafts
+        # the draft prefills beside the target's prefill, not once the first token is in: as configured, or for a
+        # draft name no request has opened yet (it may be unknown there: its NOT_FOUND before the first token)
+        self.opens_draft_with_prefill = backends.draft_opens_with_prefill or (
+            bool(draft_model) and draft_model not in backends.opened_drafts)
         self._deadline = None if timeout_s is None else time.monotonic() + timeout_s
         self._opened: list[_BidiStream] = []
 

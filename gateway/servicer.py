@@ -21,7 +21,7 @@ FINISH_REASON_PB = {
 
 
 class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
-    def __init__(self, driver: Driver, stall_timeout_s: float | None = None) -> None:
+    def __init__(self, driver: Driver, stall_timeout_s: float) -> None:
         """`stall_timeout_s`: a client that takes none of its stream's messages for this long is dropped."""
         self._driver = driver
         self._stall_timeout_s = stall_timeout_s

@@ -94,10 +94,9 @@ async def _decode(
     # a verify commits up to k + 1 tokens after the prefill's one: with two new tokens or fewer none drafts
     draft = LazyDraft(streams, context_ids, max_new_tokens, sampling) \
         if num_draft_tokens > 0 and streams.use_draft and max_new_tokens > 2 else None
-    # the draft opens once the first token is in (the target's prefill alone on hardware the two share), or with
-    # streams.draft_opens_with_prefill beside it; so does a draft the request names that no request has opened
-    # yet, so that an unknown name's NOT_FOUND comes before the first token
-    beside = streams.draft_opens_with_prefill or streams.names_new_draft
+    # the draft opens once the first token is in (the target's prefill alone on hardware the two share), or beside
+    # it where streams.opens_draft_with_prefill says so
+    beside = streams.opens_draft_with_prefill
     opening = _open_early(draft, policy) if beside else None
     try:
         first = await target.prefill(context_ids, max_new_tokens, sampling)
