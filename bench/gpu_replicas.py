@@ -1,0 +1,137 @@
+"""Do two replicas of the same target give the same greedy output? Separate processes, each building the
+random-weight Llama-3.1-8B shape as a target service does (`random:DIR` through engine/model_source.py, seed 0;
+bf16, the target's fused kernels, CUDA graphs), each fed the same prompts as a prefill and then greedy batch-1
+decodes.
+
+Why: on an H100 (bench/results/gpu_ab_draft_open_known_names.json) two target services of the same code and
+flags, started side by side, gave different target-only greedy output on 8 of 8 prompts; in one process the
+target's steps are the same bits from runner to runner (bench/results/gpu_max_batch.json). A replica that
+answers the same greedy request differently is what a user behind round-robin replicas would see, so this
+finds where two processes part: the weights (a digest of every parameter's bits), the prefill's logits or a
+decode's.
+
+Runs `--replicas` child processes side by side (as bench/gpu_ab.py starts its targets), then one more alone
+after they have exited. Per replica against the first: `rN_same_weights`, `rN_prompts_differing` (greedy
+tokens), `rN_first_differing_step` (over the prompts: 0 the prefill, i the i-th decode; -1 none),
+`rN_prefill_same_bits` (every prompt's last prefill logits). `--tiny` runs a tiny model on the CPU (checks the
+script).
+Usage: python bench/gpu_replicas.py [--tiny] [--replicas 2] [--prompts 4] [--prompt-tokens 128] [--steps 64] [--out PATH]
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "bench"), str(ROOT / "tests")]
+
+from engine.batch import StepInput  # noqa: E402
+from engine.model_runner import ModelRunner, RuntimeConfig  # noqa: E402
+from gpu_e2e import LLAMA_8B, TINY, write_model_dir  # noqa: E402
+from report import save_report  # noqa: E402
+from tiny_models import build_tokenizer  # noqa: E402
+
+
+def weights_digest(model: torch.nn.Module, chunk: int = 1 << 26) -> str:
+    """A digest of every parameter's bits, in the module's order: per parameter a plain and a position-weighted
+    sum of its 16-bit words, computed on the device a chunk at a time, then hashed."""
+    digest = hashlib.sha256()
+    for name, p in model.state_dict().items():
+        words = p.detach().contiguous().view(-1).view(torch.int16)
+        plain = weighted = 0
+        for start in range(0, words.numel(), chunk):
+            part = words[start:start + chunk].to(torch.int64)
+            position = torch.arange(start, start + part.numel(), device=part.device, dtype=torch.int64) % 65521 + 1
+            plain += int(part.sum())
+            weighted += int((part * position).sum())
+        digest.update(f"{name}:{plain}:{weighted};".encode())
+    return digest.hexdigest()
+
+
+def replica(model: str, device: str, prompts: list[list[int]], steps: int, out: Path) -> None:
+    """One replica: the weights' digest, then per prompt each step's logits digest and greedy token."""
+    runner = ModelRunner(RuntimeConfig(
+        model=model, device=device, dtype="bfloat16" if device == "cuda" else "float32", max_model_len=1024,
+        kv_cache_tokens=4096, max_batch_size=1, layer_kernels="fused" if device == "cuda" else "reference"))
+    runs = []
+    for prompt in prompts:
+        kv = runner.kv.new_sequence()
+        logits, tokens = [], []
+        token_ids = prompt
+        for _ in range(steps + 1):
+            [step_logits] = runner.forward([StepInput(kv, token_ids, 1)])
+            row = step_logits[-1].float().cpu()
+            logits.append(hashlib.sha256(row.numpy().tobytes()).hexdigest())
+            tokens.append(int(row.argmax()))
+            token_ids = [tokens[-1]]
+        kv.release()
+        runs.append({"logits": logits, "tokens": tokens})
+    out.write_text(json.dumps({"weights": weights_digest(runner.model), "runs": runs}))
+
+
+def spawn(model: str, device: str, prompts_file: Path, steps: int, out: Path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, __file__, "--child", model, "--device", device, "--prompts-file",
+                             str(prompts_file), "--steps", str(steps), "--child-out", str(out)])
+
+
+def compare(first: dict, other: dict, label: str) -> dict[str, float]:
+    steps = [next((i for i, (a, b) in enumerate(zip(r0["logits"], r1["logits"])) if a != b), -1)
+             for r0, r1 in zip(first["runs"], other["runs"])]
+    differing = [s for s in steps if s >= 0]
+    return {
+        f"{label}_same_weights": float(first["weights"] == other["weights"]),
+        f"{label}_prompts_differing": float(sum(r0["tokens"] != r1["tokens"] for r0, r1 in zip(first["runs"], other["runs"]))),
+        f"{label}_first_differing_step": float(min(differing) if differing else -1),
+        f"{label}_prefill_same_bits": float(all(r0["logits"][0] == r1["logits"][0]
+                                                for r0, r1 in zip(first["runs"], other["runs"]))),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tiny", action="store_true", help="a tiny model on the CPU: checks the script only")
+    parser.add_argument("--replicas", type=int, default=2, help="started side by side; one more runs alone after")
+    parser.add_argument("--prompts", type=int, default=4)
+    parser.add_argument("--prompt-tokens", type=int, default=128)
+    parser.add_argument("--steps", type=int, default=64)
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "gpu_replicas.json")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--device", default="cuda", help=argparse.SUPPRESS)
+    parser.add_argument("--prompts-file", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--child-out", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        replica(args.child, args.device, json.loads(args.prompts_file.read_text()), args.steps, args.child_out)
+        return
+    device, shape = ("cpu", TINY) if args.tiny else ("cuda", LLAMA_8B)
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        model = write_model_dir(work / "target", shape, build_tokenizer())
+        gen = torch.Generator().manual_seed(1)
+        prompts = [torch.randint(3, shape["vocab_size"] - 1, (args.prompt_tokens,), generator=gen).tolist()
+                   for _ in range(args.prompts)]
+        (prompts_file := work / "prompts.json").write_text(json.dumps(prompts))
+        outs = [work / f"replica{i}.json" for i in range(args.replicas + 1)]
+        side_by_side = [spawn(model, device, prompts_file, args.steps, out) for out in outs[:-1]]
+        codes = [p.wait() for p in side_by_side]
+        codes.append(spawn(model, device, prompts_file, args.steps, outs[-1]).wait())
+        if any(codes):
+            raise SystemExit(f"a replica failed: exit codes {codes}")
+        results = [json.loads(out.read_text()) for out in outs]
+    metrics: dict[str, float] = {}
+    for i, result in enumerate(results[1:], start=1):
+        label = f"r{i}" + ("_alone" if i == args.replicas else "")
+        metrics.update(compare(results[0], result, label))
+    save_report("gpu_replicas", metrics, args.out, replicas_side_by_side=args.replicas, prompts=args.prompts,
+                prompt_tokens=args.prompt_tokens, decode_steps=args.steps)
+
+
+if __name__ == "__main__":
+    main()
