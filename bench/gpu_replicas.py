@@ -10,24 +10,31 @@ answers the same greedy request differently is what a user behind round-robin re
 finds where two processes part: the weights (a digest of every parameter's bits), the prefill's logits or a
 decode's.
 
-Runs `--replicas` child processes side by side (as bench/gpu_ab.py starts its targets), then one more alone
-after they have exited. Per replica against the first: `rN_same_weights`, `rN_prompts_differing` (greedy
-tokens), `rN_first_differing_step` (over the prompts: 0 the prefill, i the i-th decode; -1 none),
-`rN_prefill_same_bits` (every prompt's last prefill logits). `--tiny` runs a tiny model on the CPU (checks the
-script).
-Usage: python bench/gpu_replicas.py [--tiny] [--replicas 2] [--prompts 4] [--prompt-tokens 128] [--steps 64] [--out PATH]
+Per mode, runs `--replicas` child processes side by side (as bench/gpu_ab.py starts its targets), each with
+an inductor cache of its own (empty, as a fresh replica's): `tuned` (TORCHINDUCTOR_DETERMINISTIC=0: inductor
+times its reductions' launch configurations and keeps the fastest) and `default` (as the services run:
+engine/llama.py sets inductor's deterministic mode). Per mode and replica against the mode's first:
+`MODE_rN_same_weights`, `MODE_rN_prompts_differing` (greedy tokens), `MODE_rN_first_differing_step` (over the
+prompts: 0 the prefill, i the i-th decode; -1 none), `MODE_rN_prefill_same_bits` (every prompt's last prefill
+logits); `MODE_prefill_ms` (the median prefill over replicas and prompts, host sync included). `--tiny` runs a
+tiny model on the CPU (checks the script; nothing is compiled there).
+Usage: python bench/gpu_replicas.py [--tiny] [--modes tuned default] [--replicas 3] [--prompts 4] [--prompt-tokens 128] [--steps 64] [--out PATH]
 """
 from __future__ import annotations
 
 import argparse
 import hashlib
 import json
+import os
+import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import torch
+import torch._inductor.config
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "bench"), str(ROOT / "tests")]
@@ -60,25 +67,29 @@ def replica(model: str, device: str, prompts: list[list[int]], steps: int, out: 
     runner = ModelRunner(RuntimeConfig(
         model=model, device=device, dtype="bfloat16" if device == "cuda" else "float32", max_model_len=1024,
         kv_cache_tokens=4096, max_batch_size=1, layer_kernels="fused" if device == "cuda" else "reference"))
-    runs = []
+    runs, prefill_s = [], []
+    runner.forward([StepInput(runner.kv.new_sequence(), prompts[0], 1)])  # first launches: compiling, timing picks
     for prompt in prompts:
         kv = runner.kv.new_sequence()
         logits, tokens = [], []
         token_ids = prompt
-        for _ in range(steps + 1):
+        for step in range(steps + 1):
+            start = time.perf_counter()
             [step_logits] = runner.forward([StepInput(kv, token_ids, 1)])
             row = step_logits[-1].float().cpu()
+            if step == 0:
+                prefill_s.append(time.perf_counter() - start)
             logits.append(hashlib.sha256(row.numpy().tobytes()).hexdigest())
             tokens.append(int(row.argmax()))
             token_ids = [tokens[-1]]
         kv.release()
         runs.append({"logits": logits, "tokens": tokens})
-    out.write_text(json.dumps({"weights": weights_digest(runner.model), "runs": runs}))
+    out.write_text(json.dumps({"weights": weights_digest(runner.model), "runs": runs, "prefill_s": prefill_s}))
 
 
-def spawn(model: str, device: str, prompts_file: Path, steps: int, out: Path) -> subprocess.Popen:
+def spawn(model: str, device: str, prompts_file: Path, steps: int, out: Path, env: dict[str, str]) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, __file__, "--child", model, "--device", device, "--prompts-file",
-                             str(prompts_file), "--steps", str(steps), "--child-out", str(out)])
+                             str(prompts_file), "--steps", str(steps), "--child-out", str(out)], env={**os.environ, **env})
 
 
 def compare(first: dict, other: dict, label: str) -> dict[str, float]:
@@ -97,7 +108,8 @@ def compare(first: dict, other: dict, label: str) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tiny", action="store_true", help="a tiny model on the CPU: checks the script only")
-    parser.add_argument("--replicas", type=int, default=2, help="started side by side; one more runs alone after")
+    parser.add_argument("--modes", nargs="+", choices=("tuned", "default"), default=["tuned", "default"])
+    parser.add_argument("--replicas", type=int, default=3, help="started side by side, per mode")
     parser.add_argument("--prompts", type=int, default=4)
     parser.add_argument("--prompt-tokens", type=int, default=128)
     parser.add_argument("--steps", type=int, default=64)
@@ -118,18 +130,23 @@ def main() -> None:
         prompts = [torch.randint(3, shape["vocab_size"] - 1, (args.prompt_tokens,), generator=gen).tolist()
                    for _ in range(args.prompts)]
         (prompts_file := work / "prompts.json").write_text(json.dumps(prompts))
-        outs = [work / f"replica{i}.json" for i in range(args.replicas + 1)]
-        side_by_side = [spawn(model, device, prompts_file, args.steps, out) for out in outs[:-1]]
-        codes = [p.wait() for p in side_by_side]
-        codes.append(spawn(model, device, prompts_file, args.steps, outs[-1]).wait())
-        if any(codes):
-            raise SystemExit(f"a replica failed: exit codes {codes}")
-        results = [json.loads(out.read_text()) for out in outs]
-    metrics: dict[str, float] = {}
-    for i, result in enumerate(results[1:], start=1):
-        label = f"r{i}" + ("_alone" if i == args.replicas else "")
-        metrics.update(compare(results[0], result, label))
-    save_report("gpu_replicas", metrics, args.out, replicas_side_by_side=args.replicas, prompts=args.prompts,
+        metrics: dict[str, float] = {}
+        for mode in args.modes:
+            env = {"TORCHINDUCTOR_DETERMINISTIC": "0"} if mode == "tuned" else {}
+            outs = [work / f"{mode}{i}.json" for i in range(args.replicas)]
+            children = [spawn(model, device, prompts_file, args.steps, out,
+                              {**env, "TORCHINDUCTOR_CACHE_DIR": str(work / f"{mode}{i}-inductor")})
+                        for i, out in enumerate(outs)]
+            codes = [p.wait() for p in children]
+            if any(codes):
+                raise SystemExit(f"a {mode} replica failed: exit codes {codes}")
+            results = [json.loads(out.read_text()) for out in outs]
+            for i, result in enumerate(results[1:], start=1):
+                metrics.update(compare(results[0], result, f"{mode}_r{i}"))
+            metrics[f"{mode}_prefill_ms"] = 1e3 * statistics.median(s for r in results for s in r["prefill_s"])
+            print(mode, {k: v for k, v in metrics.items() if k.startswith(mode)}, flush=True)
+    save_report("gpu_replicas", metrics, args.out, replicas_side_by_side=args.replicas,
+                inductor_has_deterministic_mode=hasattr(torch._inductor.config, "deterministic"), prompts=args.prompts,
                 prompt_tokens=args.prompt_tokens, decode_steps=args.steps)
 
 
