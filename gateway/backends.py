@@ -223,6 +223,11 @@ class RequestStreams:
         """The draft service took this request's draft (its name is known there)."""
         self._backends.opened_drafts.add(self._draft_model)
 
+    def draft_not_found(self) -> None:
+        """The draft service has no draft of this request's name (any more: unloaded): the name's next request
+        opens its draft beside the prefill again, so its NOT_FOUND comes before the first token."""
+        self._backends.opened_drafts.discard(self._draft_model)
+
     def forward_ns(self, kind: type[_BidiStream]) -> int:
         return sum(s.forward_ns for s in self._opened if isinstance(s, kind))
 

@@ -12,6 +12,8 @@ import asyncio
 import contextlib
 import logging
 
+import grpc
+
 from engine.sampling import SamplingParams
 from gateway.backends import DraftLost, DraftStream, Proposal, RequestStreams
 
@@ -55,6 +57,10 @@ class LazyDraft:
         except DraftLost as lost:
             await self._drop(lost)
             return
+        except grpc.aio.AioRpcError as e:
+            if e.code() == grpc.StatusCode.NOT_FOUND:  # unloaded since: the next request's opens beside the prefill
+                self._streams.draft_not_found()
+            raise
         self._streams.draft_opened()
         del self._unheard_ids[:len(catch_up_ids)]
 

@@ -21,7 +21,7 @@ from gateway.server import start_gateway_server
 from harness import channel, generate
 from tiny_models import build_model_dir
 from specdec import admin
-from specdec.v1 import common_pb2, draft_pb2, draft_pb2_grpc, gateway_pb2_grpc
+from specdec.v1 import common_pb2, draft_pb2, draft_pb2_grpc, gateway_pb2, gateway_pb2_grpc
 
 TOKEN = "swap-secret"
 AUTH = (("authorization", f"Bearer {TOKEN}"),)
@@ -189,6 +189,28 @@ def test_replace_and_unload(swap_trio, model_dirs):
     with pytest.raises(grpc.RpcError) as info:
         generate(gateway, prompt="hi", max_new_tokens=4, draft_model="lookup")
     assert info.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_a_draft_unloaded_after_requests_opened_it_is_not_found_before_the_first_token_again(swap_trio, model_dirs):
+    """A name requests have opened opens after the first token; once unloaded, the first request naming it finds
+    out mid-stream, and every later one before any token (its name is unknown to the gateway again)."""
+    draft, gateway, _ = swap_trio
+    draft.LoadDraft(draft_pb2.LoadDraftRequest(name="gone", model=str(model_dirs["identical"])), metadata=AUTH)
+    generate(gateway, prompt="Open it", max_new_tokens=8, num_draft_tokens=2, draft_model="gone")
+    draft.UnloadDraft(draft_pb2.UnloadDraftRequest(name="gone"), metadata=AUTH)
+
+    def tokens_before_the_error() -> int:
+        received = 0
+        with pytest.raises(grpc.RpcError) as info:
+            for response in gateway.Generate(gateway_pb2.GenerateRequest(
+                    prompt="Then gone", max_new_tokens=8, num_draft_tokens=2, draft_model="gone"), timeout=60):
+                received += len(response.token_ids)
+        assert info.value.code() == grpc.StatusCode.NOT_FOUND and "'gone'" in info.value.details()
+        return received
+
+    assert tokens_before_the_error() > 0
+    assert tokens_before_the_error() == tokens_before_the_error() == 0
+    assert draft.GetEngineStats(common_pb2.EngineStatsRequest()).num_active_sequences == 0
 
 
 def test_unloading_a_draft_with_requests_in_flight_lets_them_finish(swap_trio, model_dirs, gateway_stub, pool):
