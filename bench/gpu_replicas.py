@@ -11,14 +11,15 @@ finds where two processes part: the weights (a digest of every parameter's bits)
 decode's.
 
 Per mode, runs `--replicas` child processes side by side (as bench/gpu_ab.py starts its targets), each with
-an inductor cache of its own (empty, as a fresh replica's): `tuned` (TORCHINDUCTOR_DETERMINISTIC=0: inductor
-times its reductions' launch configurations and keeps the fastest) and `default` (as the services run:
-engine/llama.py sets inductor's deterministic mode). Per mode and replica against the mode's first:
-`MODE_rN_same_weights`, `MODE_rN_prompts_differing` (greedy tokens), `MODE_rN_first_differing_step` (over the
-prompts: 0 the prefill, i the i-th decode; -1 none), `MODE_rN_prefill_same_bits` (every prompt's last prefill
-logits); `MODE_prefill_ms` (the median prefill over replicas and prompts, host sync included). `--tiny` runs a
-tiny model on the CPU (checks the script; nothing is compiled there).
-Usage: python bench/gpu_replicas.py [--tiny] [--modes tuned default] [--replicas 3] [--prompts 4] [--prompt-tokens 128] [--steps 64] [--out PATH]
+an inductor cache of its own (empty, as a fresh replica's): `tuned` (as the services run: inductor times a
+reduction's launch configurations at its first launch and keeps the fastest) and `deterministic`
+(TORCHINDUCTOR_DETERMINISTIC=1: inductor picks them without timing), `nocompile` (the PyTorch stages eager:
+no inductor kernels) and `nographs` (every forward eager: no CUDA graphs). Per mode and replica against the mode's
+first: `MODE_rN_same_weights`, `MODE_rN_prompts_differing` (greedy tokens), `MODE_rN_first_differing_step`
+(over the prompts: 0 the prefill, i the i-th decode; -1 none), `MODE_rN_prefill_same_bits` (every prompt's last
+prefill logits); `MODE_prefill_ms` (the median prefill over replicas and prompts, host sync included). `--tiny`
+runs a tiny model on the CPU (checks the script; nothing is compiled there).
+Usage: python bench/gpu_replicas.py [--tiny] [--modes tuned deterministic nocompile nographs] [--replicas 3] [--prompts 4] [--prompt-tokens 128] [--steps 64] [--out PATH]
 """
 from __future__ import annotations
 
@@ -46,6 +47,9 @@ from report import save_report  # noqa: E402
 from tiny_models import build_tokenizer  # noqa: E402
 
 
+MODES = ("tuned", "deterministic", "nocompile", "nographs")
+
+
 def weights_digest(model: torch.nn.Module, chunk: int = 1 << 26) -> str:
     """A digest of every parameter's bits, in the module's order: per parameter a plain and a position-weighted
     sum of its 16-bit words, computed on the device a chunk at a time, then hashed."""
@@ -62,11 +66,12 @@ def weights_digest(model: torch.nn.Module, chunk: int = 1 << 26) -> str:
     return digest.hexdigest()
 
 
-def replica(model: str, device: str, prompts: list[list[int]], steps: int, out: Path) -> None:
+def replica(model: str, device: str, prompts: list[list[int]], steps: int, out: Path, mode: str) -> None:
     """One replica: the weights' digest, then per prompt each step's logits digest and greedy token."""
     runner = ModelRunner(RuntimeConfig(
         model=model, device=device, dtype="bfloat16" if device == "cuda" else "float32", max_model_len=1024,
-        kv_cache_tokens=4096, max_batch_size=1, layer_kernels="fused" if device == "cuda" else "reference"))
+        kv_cache_tokens=4096, max_batch_size=1, layer_kernels="fused" if device == "cuda" else "reference",
+        use_compile=mode != "nocompile", use_cuda_graphs=mode != "nographs"))
     runs, prefill_s = [], []
     runner.forward([StepInput(runner.kv.new_sequence(), prompts[0], 1)])  # first launches: compiling, timing picks
     for prompt in prompts:
@@ -87,9 +92,11 @@ def replica(model: str, device: str, prompts: list[list[int]], steps: int, out: 
     out.write_text(json.dumps({"weights": weights_digest(runner.model), "runs": runs, "prefill_s": prefill_s}))
 
 
-def spawn(model: str, device: str, prompts_file: Path, steps: int, out: Path, env: dict[str, str]) -> subprocess.Popen:
+def spawn(model: str, device: str, prompts_file: Path, steps: int, out: Path, mode: str,
+          env: dict[str, str]) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, __file__, "--child", model, "--device", device, "--prompts-file",
-                             str(prompts_file), "--steps", str(steps), "--child-out", str(out)], env={**os.environ, **env})
+                             str(prompts_file), "--steps", str(steps), "--child-out", str(out), "--modes", mode],
+                            env={**os.environ, **env})
 
 
 def compare(first: dict, other: dict, label: str) -> dict[str, float]:
@@ -108,7 +115,7 @@ def compare(first: dict, other: dict, label: str) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tiny", action="store_true", help="a tiny model on the CPU: checks the script only")
-    parser.add_argument("--modes", nargs="+", choices=("tuned", "default"), default=["tuned", "default"])
+    parser.add_argument("--modes", nargs="+", choices=MODES, default=["tuned", "deterministic"])
     parser.add_argument("--replicas", type=int, default=3, help="started side by side, per mode")
     parser.add_argument("--prompts", type=int, default=4)
     parser.add_argument("--prompt-tokens", type=int, default=128)
@@ -120,7 +127,8 @@ def main() -> None:
     parser.add_argument("--child-out", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        replica(args.child, args.device, json.loads(args.prompts_file.read_text()), args.steps, args.child_out)
+        replica(args.child, args.device, json.loads(args.prompts_file.read_text()), args.steps, args.child_out,
+                args.modes[0])
         return
     device, shape = ("cpu", TINY) if args.tiny else ("cuda", LLAMA_8B)
     with tempfile.TemporaryDirectory() as tmp:
@@ -132,9 +140,9 @@ def main() -> None:
         (prompts_file := work / "prompts.json").write_text(json.dumps(prompts))
         metrics: dict[str, float] = {}
         for mode in args.modes:
-            env = {"TORCHINDUCTOR_DETERMINISTIC": "0"} if mode == "tuned" else {}
+            env = {"TORCHINDUCTOR_DETERMINISTIC": "1" if mode == "deterministic" else "0"}
             outs = [work / f"{mode}{i}.json" for i in range(args.replicas)]
-            children = [spawn(model, device, prompts_file, args.steps, out,
+            children = [spawn(model, device, prompts_file, args.steps, out, mode,
                               {**env, "TORCHINDUCTOR_CACHE_DIR": str(work / f"{mode}{i}-inductor")})
                         for i, out in enumerate(outs)]
             codes = [p.wait() for p in children]

@@ -8,13 +8,11 @@ cache objects, which defeats varlen continuous batching and static-shape graph c
 """
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
-import torch._inductor.config
 import torch.nn.functional as F
 from torch import nn
 
@@ -108,16 +106,6 @@ def silu_mul_interleaved(gate_up: torch.Tensor) -> torch.Tensor:  # [T, 2I] -> [
     return F.silu(pairs[..., 0]) * pairs[..., 1]
 
 
-def _compile_deterministically() -> None:
-    """Inductor picks among a reduction's launch configurations (block size, warps) by timing them at a
-    kernel's first launch, and the pick changes its sums' order: two processes of the same model and flags
-    (replicas, or a restart with an empty compile cache) could then compute another prefill's bits and answer a
-    greedy request differently. Its deterministic mode picks without timing. TORCHINDUCTOR_DETERMINISTIC=0
-    in the environment leaves inductor timing its picks."""
-    if "TORCHINDUCTOR_DETERMINISTIC" not in os.environ and hasattr(torch._inductor.config, "deterministic"):
-        torch._inductor.config.deterministic = True
-
-
 @dataclass
 class LayerStages:
     """How a layer computes around attention: its element-wise-heavy parts (norms, rotary, residuals,
@@ -134,7 +122,6 @@ class LayerStages:
         # linear kind, dtype) adds about two entries (one token, and any count): past dynamo's default
         # limit of 8 a fifth model, a draft service's named drafts or live swaps, would fail to compile.
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, COMPILED_ENTRIES)
-        _compile_deterministically()
         return LayerStages(torch.compile(pre_attention, dynamic=True, fullgraph=True),
                            torch.compile(post_attention, dynamic=True, fullgraph=True))
 

@@ -181,18 +181,3 @@ def test_compiled_stages_serve_more_model_shapes_than_dynamos_default_limit_in_o
         for got, want in zip((q, k, v), expected):
             torch.testing.assert_close(got, want)
 
-
-@pytest.mark.parametrize("env, deterministic", [(None, True), ("0", False)])
-def test_compiled_stages_pick_their_reductions_launch_configurations_without_timing_unless_told(
-        monkeypatch, env, deterministic):
-    """A timed pick changes a reduction's sums' order from process to process (two replicas of one model
-    and flags would compute different prefill bits); TORCHINDUCTOR_DETERMINISTIC=0 keeps inductor timing."""
-    import torch._inductor.config as inductor_config
-
-    if env is None:
-        monkeypatch.delenv("TORCHINDUCTOR_DETERMINISTIC", raising=False)
-    else:
-        monkeypatch.setenv("TORCHINDUCTOR_DETERMINISTIC", env)
-    with inductor_config.patch(deterministic=False):  # as inductor read it at import: on only where the variable is 1
-        LayerStages().compiled()
-        assert inductor_config.deterministic is deterministic
