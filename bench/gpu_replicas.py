@@ -4,22 +4,24 @@ bf16, the target's fused kernels, CUDA graphs), each fed the same prompts as a p
 decodes.
 
 Why: on an H100 (bench/results/gpu_ab_draft_open_known_names.json) two target services of the same code and
-flags, started side by side, gave different target-only greedy output on 8 of 8 prompts; in one process the
-target's steps are the same bits from runner to runner (bench/results/gpu_max_batch.json). A replica that
-answers the same greedy request differently is what a user behind round-robin replicas would see, so this
-finds where two processes part: the weights (a digest of every parameter's bits), the prefill's logits or a
-decode's.
+flags, started side by side, gave different target-only greedy output on 8 of 8 prompts, while in one process
+the target's steps are the same bits from runner to runner (bench/results/gpu_max_batch.json). What this found
+(docs/benchmarks.md): the processes part at the prefill, with the same weights, and only where the PyTorch stages
+are compiled by inductor (`nocompile`: every replica the same bits); inductor's deterministic mode does not help.
 
-Per mode, runs `--replicas` child processes side by side (as bench/gpu_ab.py starts its targets), each with
-an inductor cache of its own (empty, as a fresh replica's): `tuned` (as the services run: inductor times a
-reduction's launch configurations at its first launch and keeps the fastest) and `deterministic`
-(TORCHINDUCTOR_DETERMINISTIC=1: inductor picks them without timing), `nocompile` (the PyTorch stages eager:
-no inductor kernels) and `nographs` (every forward eager: no CUDA graphs). Per mode and replica against the mode's
-first: `MODE_rN_same_weights`, `MODE_rN_prompts_differing` (greedy tokens), `MODE_rN_first_differing_step`
-(over the prompts: 0 the prefill, i the i-th decode; -1 none), `MODE_rN_prefill_same_bits` (every prompt's last
-prefill logits); `MODE_prefill_ms` (the median prefill over replicas and prompts, host sync included). `--tiny`
-runs a tiny model on the CPU (checks the script; nothing is compiled there).
-Usage: python bench/gpu_replicas.py [--tiny] [--modes tuned deterministic nocompile nographs] [--replicas 3] [--prompts 4] [--prompt-tokens 128] [--steps 64] [--out PATH]
+Per mode, runs `--replicas` child processes side by side (as bench/gpu_ab.py starts its targets), each with an
+inductor cache of its own (empty, as a fresh replica's): `tuned` (as the services run), `deterministic`
+(TORCHINDUCTOR_DETERMINISTIC=1: inductor picks its reductions' launch configurations without timing),
+`nocompile` (the PyTorch stages eager: no inductor kernels) and `nographs` (every forward eager: no CUDA graphs).
+Per mode and replica against the mode's first: `MODE_rN_same_weights`, `MODE_rN_prompts_differing` (greedy
+tokens), `MODE_rN_first_differing_step` (over the prompts: 0 the prefill, i the i-th decode; -1 none),
+`MODE_rN_prefill_same_bits` (every prompt's last prefill logits), `MODE_rN_sources_only_in_one` (generated kernel
+sources one of the two replicas' inductor caches holds and the other not), `MODE_rN_picks_differing` (autotune
+picks that differ for one source; the first few of both in the report's `details`); `MODE_prefill_ms` (the median
+prefill over replicas and prompts, host sync included, the replicas contending). `--tiny` runs a tiny model on
+the CPU (checks the script; nothing is compiled there).
+Usage: python bench/gpu_replicas.py [--tiny] [--modes tuned deterministic nocompile nographs] [--replicas 3]
+                                    [--prompts 4] [--prompt-tokens 128] [--steps 64] [--out PATH]
 """
 from __future__ import annotations
 
@@ -112,6 +114,34 @@ def compare(first: dict, other: dict, label: str) -> dict[str, float]:
     }
 
 
+def generated_code(cache_dir: Path) -> dict[str, str]:
+    """An inductor cache's generated kernels and autotune picks: {content digest: text} of its .py sources,
+    and {source digest + ".best_config": the pick} where a pick sits beside its source."""
+    found: dict[str, str] = {}
+    for path in sorted(cache_dir.rglob("*.py")):
+        text = path.read_text(errors="replace")
+        digest = hashlib.sha256(text.encode()).hexdigest()[:16]
+        found[digest] = text
+        pick = path.with_suffix(".best_config")
+        if pick.exists():
+            found[digest + ".best_config"] = pick.read_text(errors="replace")
+    return found
+
+
+def compare_code(first: dict[str, str], other: dict[str, str], label: str, details: dict) -> dict[str, float]:
+    """How two replicas' inductor caches differ: sources only one of them generated, and picks that differ for
+    the same source; the first few of each kept in `details` (truncated) for reading."""
+    only = {"first": sorted(set(first) - set(other)), "other": sorted(set(other) - set(first))}
+    picks = [k for k in first if k.endswith(".best_config") and k in other and first[k] != other[k]]
+    details[f"{label}_code"] = {
+        "only_in_first": {k: first[k][:6000] for k in only["first"][:3]},
+        "only_in_this": {k: other[k][:6000] for k in only["other"][:3]},
+        "picks_differing": {k: [first[k], other[k]] for k in picks[:8]},
+    }
+    return {f"{label}_sources_only_in_one": float(len(only["first"]) + len(only["other"])),
+            f"{label}_picks_differing": float(len(picks))}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tiny", action="store_true", help="a tiny model on the CPU: checks the script only")
@@ -139,6 +169,7 @@ def main() -> None:
                    for _ in range(args.prompts)]
         (prompts_file := work / "prompts.json").write_text(json.dumps(prompts))
         metrics: dict[str, float] = {}
+        details: dict = {}
         for mode in args.modes:
             env = {"TORCHINDUCTOR_DETERMINISTIC": "1" if mode == "deterministic" else "0"}
             outs = [work / f"{mode}{i}.json" for i in range(args.replicas)]
@@ -149,13 +180,15 @@ def main() -> None:
             if any(codes):
                 raise SystemExit(f"a {mode} replica failed: exit codes {codes}")
             results = [json.loads(out.read_text()) for out in outs]
+            code = [generated_code(work / f"{mode}{i}-inductor") for i in range(args.replicas)]
             for i, result in enumerate(results[1:], start=1):
                 metrics.update(compare(results[0], result, f"{mode}_r{i}"))
+                metrics.update(compare_code(code[0], code[i], f"{mode}_r{i}", details))
             metrics[f"{mode}_prefill_ms"] = 1e3 * statistics.median(s for r in results for s in r["prefill_s"])
             print(mode, {k: v for k, v in metrics.items() if k.startswith(mode)}, flush=True)
     save_report("gpu_replicas", metrics, args.out, replicas_side_by_side=args.replicas,
                 inductor_has_deterministic_mode=hasattr(torch._inductor.config, "deterministic"), prompts=args.prompts,
-                prompt_tokens=args.prompt_tokens, decode_steps=args.steps)
+                prompt_tokens=args.prompt_tokens, decode_steps=args.steps, details=details)
 
 
 if __name__ == "__main__":
