@@ -88,9 +88,11 @@ def started_counts(replicas: dict[str, int]) -> dict[tuple[str, int], int]:
 
 
 def run_concurrent_round(address: str, num_requests: int, max_new_tokens: int) -> None:
+    """k pinned, so every request opens a draft sequence: left to the gateway, adaptive k stops drafting for a
+    draft that loses (the CPU pair does), and a few probes a minute may all land on one draft replica."""
     prompts = [PROMPTS[i % len(PROMPTS)] for i in range(num_requests)]
     with ThreadPoolExecutor(num_requests) as pool:
-        for completion in pool.map(lambda p: generate(address, p, max_new_tokens, None), prompts):
+        for completion in pool.map(lambda p: generate(address, p, max_new_tokens, 2), prompts):
             assert completion.token_ids, "a concurrent request generated nothing"
 
 
