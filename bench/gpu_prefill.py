@@ -7,11 +7,12 @@ of a prefill (host sync included) over a few runs, then one under torch.profiler
 its kernels' summed device time and span (the rest of the wall time is the host's), the costliest
 kernels and host ops.
 Variants: `graphed` (the services' way: the chunk replays its prefill bucket's CUDA graph,
-engine/cuda_graphs.py), `compiled` (the eager forward the services ran before), `eager` (use_compile
-off: the stages in plain PyTorch), `nopdl` (compiled, the Triton kernels launched without
+engine/cuda_graphs.py), `graphed_eager` (as graphed, the stages in plain PyTorch: no inductor kernels, whose
+bits can differ from process to process, bench/gpu_replicas.py), `compiled` (the eager forward the services ran
+before), `eager` (use_compile off: the stages in plain PyTorch), `nopdl` (compiled, the Triton kernels launched without
 programmatic dependent launch).
 Writes bench/results/gpu_prefill.json.
-Usage: python bench/gpu_prefill.py [--prompt 128] [--variants graphed compiled eager nopdl] [--out PATH]
+Usage: python bench/gpu_prefill.py [--prompt 128] [--variants graphed graphed_eager compiled eager nopdl] [--out PATH]
 """
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ from timing import kernel_census  # noqa: E402
 from tiny_models import build_tokenizer  # noqa: E402
 
 SHAPES = {"8b": (LLAMA_8B, "fused"), "1b": (LLAMA_1B, "auto")}  # each service's default layer kernels
-VARIANTS = ("graphed", "compiled", "eager", "nopdl")
+VARIANTS = ("graphed", "graphed_eager", "compiled", "eager", "nopdl")
 # graphed: the default prefill buckets, and a decode graph only (the profile needs none)
 model_runner.GraphConfig = lambda: GraphConfig(batch_buckets=(1,), query_buckets=(1,))
 
@@ -71,8 +72,8 @@ def main() -> None:
             pdl.ENABLED = variant != "nopdl"
             runner = ModelRunner(
                 RuntimeConfig(model=f"random-{shape_name}", device="cuda", dtype="bfloat16", max_model_len=2048,
-                              kv_cache_tokens=4 * 2048, layer_kernels=layer_kernels, use_cuda_graphs=variant == "graphed",
-                              use_compile=variant != "eager"),
+                              kv_cache_tokens=4 * 2048, layer_kernels=layer_kernels, use_cuda_graphs=variant.startswith("graphed"),
+                              use_compile=not variant.endswith("eager")),
                 loaded=LoadedModel(f"random-{shape_name}", hf, build_tokenizer()),
             )
             prompt = torch.randint(3, 30000, (args.prompt,)).tolist()
