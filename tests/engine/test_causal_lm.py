@@ -180,4 +180,3 @@ def test_compiled_stages_serve_more_model_shapes_than_dynamos_default_limit_in_o
         expected = pre_attention(hidden, torch.ones(heads * head_dim), qkv, cos, sin, shape, 1e-5)
         for got, want in zip((q, k, v), expected):
             torch.testing.assert_close(got, want)
-
