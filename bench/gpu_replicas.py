@@ -75,7 +75,9 @@ def replica(model: str, device: str, prompts: list[list[int]], steps: int, out: 
         kv_cache_tokens=4096, max_batch_size=1, layer_kernels="fused" if device == "cuda" else "reference",
         use_compile=mode != "nocompile", use_cuda_graphs=mode != "nographs"))
     runs, prefill_s = [], []
-    runner.forward([StepInput(runner.kv.new_sequence(), prompts[0], 1)])  # first launches: compiling, timing picks
+    warm_up = runner.kv.new_sequence()
+    runner.forward([StepInput(warm_up, prompts[0], 1)])  # the first launches: compiling, timing picks
+    warm_up.release()
     for prompt in prompts:
         kv = runner.kv.new_sequence()
         logits, tokens = [], []
