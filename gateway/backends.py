@@ -191,10 +191,7 @@ class RequestStreams:
         self._backends = backends
         self._draft_model = draft_model
         self.use_draft = use_draft and backends.has_draft and not backends.draft_paused
-        # the draft prefills beside the target's prefill, not once the first token is in: as configured, or for a
-        # draft name no request has opened yet (it may be unknown there: its NOT_FOUND before the first token)
-        self.opens_draft_with_prefill = backends.draft_opens_with_prefill or (
-            bool(draft_model) and draft_model not in backends.opened_drafts)
+        self.opens_draft_with_prefill = backends.opens_draft_with_prefill(draft_model)
         self._deadline = None if timeout_s is None else time.monotonic() + timeout_s
         self._opened: list[_BidiStream] = []
 
@@ -221,12 +218,11 @@ class RequestStreams:
 
     def draft_opened(self) -> None:
         """The draft service took this request's draft (its name is known there)."""
-        self._backends.opened_drafts.add(self._draft_model)
+        self._backends.draft_opened(self._draft_model)
 
     def draft_not_found(self) -> None:
-        """The draft service has no draft of this request's name (any more: unloaded): the name's next request
-        opens its draft beside the prefill again, so its NOT_FOUND comes before the first token."""
-        self._backends.opened_drafts.discard(self._draft_model)
+        """The draft service has no draft of this request's name (any more: unloaded)."""
+        self._backends.draft_not_found(self._draft_model)
 
     def forward_ns(self, kind: type[_BidiStream]) -> int:
         return sum(s.forward_ns for s in self._opened if isinstance(s, kind))
@@ -266,7 +262,7 @@ class Backends:
         self._target_failover_timeout_s = target_failover_timeout_s
         self._draft_pause_s = draft_pause_s
         self.draft_opens_with_prefill = draft_opens_with_prefill
-        self.opened_drafts: set[str] = set()  # draft names requests have opened sequences of
+        self._opened_drafts: set[str] = set()  # draft names requests have opened sequences of
         self._draft_paused_until = 0.0
         self.target_info: common_pb2.ModelInfo | None = None
         self.draft_info: common_pb2.ModelInfo | None = None
@@ -283,6 +279,20 @@ class Backends:
         if self._draft_pause_s > 0 and not self.draft_paused:
             log.warning("a draft timed out: new requests run target-only for %g s", self._draft_pause_s)
             self._draft_paused_until = time.monotonic() + self._draft_pause_s
+
+    def opens_draft_with_prefill(self, draft_model: str) -> bool:
+        """Whether a request's draft prefills beside the target's prefill, not once the first token is in: as
+        configured, or for a draft name no request has opened yet (it may be unknown there: its NOT_FOUND then
+        comes before the first token)."""
+        return self.draft_opens_with_prefill or (bool(draft_model) and draft_model not in self._opened_drafts)
+
+    def draft_opened(self, draft_model: str) -> None:
+        self._opened_drafts.add(draft_model)
+
+    def draft_not_found(self, draft_model: str) -> None:
+        """The name is unknown to the draft service (unloaded since requests opened it): its next request opens
+        the draft beside the prefill again, so its NOT_FOUND comes before the first token."""
+        self._opened_drafts.discard(draft_model)
 
     async def connect(self, timeout_s: float) -> PreTrainedTokenizerBase:
         """Waits for the services, checks they are compatible, returns the target's tokenizer."""
