@@ -6,13 +6,14 @@ torch.compile'd, cuBLAS products, the Triton attention. For each shape and varia
 of a prefill (host sync included) over a few runs, then one under torch.profiler (timing.kernel_census):
 its kernels' summed device time and span (the rest of the wall time is the host's), the costliest
 kernels and host ops.
-Variants: `graphed` (the services' way: the chunk replays its prefill bucket's CUDA graph,
-engine/cuda_graphs.py), `graphed_eager` (as graphed, the stages in plain PyTorch: no inductor kernels, whose
-bits can differ from process to process, bench/gpu_replicas.py), `compiled` (the eager forward the services ran
-before), `eager` (use_compile off: the stages in plain PyTorch), `nopdl` (compiled, the Triton kernels launched without
-programmatic dependent launch).
+Variants: `graphed` (the chunk replays its prefill bucket's CUDA graph, engine/cuda_graphs.py; the stages
+torch.compile'd), `graphed_kernels` (as graphed, the stages engine/kernel_stages.py's: no inductor kernels, whose
+bits can differ from process to process, bench/gpu_replicas.py), `graphed_eager` (as graphed, the stages in plain
+PyTorch), `compiled` (no graph: the eager forward the services ran before), `eager` (no graph, plain PyTorch
+stages), `nopdl` (compiled, the Triton kernels launched without programmatic dependent launch).
 Writes bench/results/gpu_prefill.json.
-Usage: python bench/gpu_prefill.py [--prompt 128] [--variants graphed graphed_eager compiled eager nopdl] [--out PATH]
+Usage: python bench/gpu_prefill.py [--prompt 128] [--variants graphed graphed_kernels graphed_eager compiled eager nopdl]
+                                   [--out PATH]
 """
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ from timing import kernel_census  # noqa: E402
 from tiny_models import build_tokenizer  # noqa: E402
 
 SHAPES = {"8b": (LLAMA_8B, "fused"), "1b": (LLAMA_1B, "auto")}  # each service's default layer kernels
-VARIANTS = ("graphed", "graphed_eager", "compiled", "eager", "nopdl")
+VARIANTS = ("graphed", "graphed_kernels", "graphed_eager", "compiled", "eager", "nopdl")
 # graphed: the default prefill buckets, and a decode graph only (the profile needs none)
 model_runner.GraphConfig = lambda: GraphConfig(batch_buckets=(1,), query_buckets=(1,))
 
@@ -73,7 +74,8 @@ def main() -> None:
             runner = ModelRunner(
                 RuntimeConfig(model=f"random-{shape_name}", device="cuda", dtype="bfloat16", max_model_len=2048,
                               kv_cache_tokens=4 * 2048, layer_kernels=layer_kernels, use_cuda_graphs=variant.startswith("graphed"),
-                              use_compile=not variant.endswith("eager")),
+                              stages=variant.removeprefix("graphed_") if variant.endswith(("kernels", "eager"))
+                              else "compiled"),
                 loaded=LoadedModel(f"random-{shape_name}", hf, build_tokenizer()),
             )
             prompt = torch.randint(3, 30000, (args.prompt,)).tolist()

@@ -12,7 +12,8 @@ are compiled by inductor (`nocompile`: every replica the same bits); inductor's 
 Per mode, runs `--replicas` child processes side by side (as bench/gpu_ab.py starts its targets), each with an
 inductor cache of its own (empty, as a fresh replica's): `tuned` (as the services run), `deterministic`
 (TORCHINDUCTOR_DETERMINISTIC=1: inductor picks its reductions' launch configurations without timing),
-`nocompile` (the PyTorch stages eager: no inductor kernels) and `nographs` (every forward eager: no CUDA graphs).
+`kernels` (engine/kernel_stages.py: Triton norms and rotary of fixed launch around cuBLAS), `nocompile` (the
+PyTorch stages eager: no inductor kernels) and `nographs` (every forward eager: no CUDA graphs).
 Per mode and replica against the mode's first: `MODE_rN_same_weights`, `MODE_rN_prompts_differing` (greedy
 tokens), `MODE_rN_first_differing_step` (over the prompts: 0 the prefill, i the i-th decode; -1 none),
 `MODE_rN_prefill_same_bits` (every prompt's last prefill logits), `MODE_rN_sources_only_in_one` (generated kernel
@@ -20,7 +21,7 @@ sources one of the two replicas' inductor caches holds and the other not), `MODE
 picks that differ for one source; the first few of both in the report's `details`); `MODE_prefill_ms` (the median
 prefill over replicas and prompts, host sync included, the replicas contending). `--tiny` runs a tiny model on
 the CPU (checks the script; nothing is compiled there).
-Usage: python bench/gpu_replicas.py [--tiny] [--modes tuned deterministic nocompile nographs] [--replicas 3]
+Usage: python bench/gpu_replicas.py [--tiny] [--modes tuned deterministic kernels nocompile nographs] [--replicas 3]
                                     [--prompts 4] [--prompt-tokens 128] [--steps 64] [--out PATH]
 """
 from __future__ import annotations
@@ -49,7 +50,7 @@ from report import save_report  # noqa: E402
 from tiny_models import build_tokenizer  # noqa: E402
 
 
-MODES = ("tuned", "deterministic", "nocompile", "nographs")
+MODES = ("tuned", "deterministic", "kernels", "nocompile", "nographs")
 
 
 def weights_digest(model: torch.nn.Module, chunk: int = 1 << 26) -> str:
@@ -73,7 +74,7 @@ def replica(model: str, device: str, prompts: list[list[int]], steps: int, out: 
     runner = ModelRunner(RuntimeConfig(
         model=model, device=device, dtype="bfloat16" if device == "cuda" else "float32", max_model_len=1024,
         kv_cache_tokens=4096, max_batch_size=1, layer_kernels="fused" if device == "cuda" else "reference",
-        use_compile=mode != "nocompile", use_cuda_graphs=mode != "nographs"))
+        stages={"nocompile": "eager", "kernels": "kernels"}.get(mode, "compiled"), use_cuda_graphs=mode != "nographs"))
     runs, prefill_s = [], []
     warm_up = runner.kv.new_sequence()
     runner.forward([StepInput(warm_up, prompts[0], 1)])  # the first launches: compiling, timing picks

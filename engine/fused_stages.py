@@ -59,13 +59,14 @@ AUTO_MAX_ROWS = 16  # one row tile of the skinny linear (engine/triton_linear.py
 
 
 class FusedStages(LayerStages):
-    """`fallback`'s stages (the inherited methods) for the steps the kernels do not take."""
+    """`fallback`'s stages for the steps the kernels do not take."""
 
     fused_kernels = True
 
     def __init__(self, fallback: LayerStages, max_rows: int | None, device: torch.device,
                  layer_kernel: bool = False) -> None:
         super().__init__(fallback.pre_attention, fallback.post_attention)
+        self.fallback = fallback
         self.max_rows = max_rows  # None: every graph step
         # the split products' counters (engine/triton_linear.py), made before any graph capture;
         # the model's kernels run one at a time, on its stream
@@ -86,7 +87,7 @@ class FusedStages(LayerStages):
     def attention_inputs(self, layer: DecoderLayer, hidden: torch.Tensor, rotary: Rotary,
                          k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> torch.Tensor:
         if not self._is_fused_step(hidden):
-            return super().attention_inputs(layer, hidden, rotary, k_cache, v_cache, slot_mapping)
+            return self.fallback.attention_inputs(layer, hidden, rotary, k_cache, v_cache, slot_mapping)
         x, x_scale = self._normed(hidden, layer.input_norm, layer.eps, layer.qkv)
         weight, scale = weight_and_scale(layer.qkv)
         tables = (rotary.cos_table, rotary.sin_table, rotary.positions)  # the kernels read the rows themselves
@@ -98,7 +99,7 @@ class FusedStages(LayerStages):
 
     def attention_output(self, layer: DecoderLayer, hidden: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
         if not self._is_fused_step(hidden):
-            return super().attention_output(layer, hidden, attn)
+            return self.fallback.attention_output(layer, hidden, attn)
         hidden = self._product(attn.flatten(1), layer.o_proj, residual=hidden)
         x, x_scale = self._normed(hidden, layer.post_attention_norm, layer.eps, layer.gate_up)
         act = self._product(x, layer.gate_up, x_scale=x_scale, silu_mul=True, out_dtype=hidden.dtype)
@@ -106,7 +107,7 @@ class FusedStages(LayerStages):
 
     def logits(self, model: CausalLM, hidden: torch.Tensor) -> torch.Tensor:
         if not self._is_fused_step(hidden):
-            return super().logits(model, hidden)
+            return self.fallback.logits(model, hidden)
         head = model.lm_head
         linear = head.rows if isinstance(head, SubsetLMHead) else head
         x, x_scale = self._normed(hidden, model.norm, model.eps, linear)
@@ -117,7 +118,7 @@ class FusedStages(LayerStages):
     def greedy_ids(self, model: CausalLM, hidden: torch.Tensor) -> torch.Tensor:
         head = model.lm_head
         if not self._is_fused_step(hidden) or not isinstance(head, SubsetLMHead):
-            return super().greedy_ids(model, hidden)
+            return self.fallback.greedy_ids(model, hidden)
         # the argmax of the product's own dtype: widening to float32 is exact and keeps the order (and
         # the first of tied rows), so the pick is the same without one more kernel a forward
         x, x_scale = self._normed(hidden, model.norm, model.eps, head.rows)

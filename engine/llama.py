@@ -211,21 +211,28 @@ class CausalLM(nn.Module):
         """Fuses each layer's norms, rotary, residuals and activation with torch.compile (GPU)."""
         self.stages = self.stages.compiled()
 
+    def use_kernel_stages(self) -> None:
+        """Norms and rotary in Triton kernels of fixed launch around cuBLAS (engine/kernel_stages.py)."""
+        from engine.kernel_stages import KernelStages  # needs triton, only here
+
+        self.stages = KernelStages()
+
     def use_fused_kernels(self, max_rows: int | None, layer_kernel: bool = False) -> None:
         """CUDA-graph steps (decode, verify, draft loops) of up to `max_rows` rows (None: all) run
         engine.fused_stages' Triton kernels, with `layer_kernel` a layer a kernel (engine/triton_layer.py,
-        not batch-invariant); call after compile_stages (other steps keep those)."""
+        not batch-invariant); call after compile_stages or use_kernel_stages (other steps keep those)."""
         from engine.fused_stages import FusedStages  # needs triton, only here
 
         self.stages = FusedStages(self.stages, max_rows, self.embed_tokens.weight.device, layer_kernel)
 
     @contextmanager
     def fallback_stages(self) -> Iterator[None]:
-        """The forwards inside take the stages the fused kernels fall back to (compiled PyTorch, cuBLAS),
-        as eager forwards do, even while capturing (the prefill graphs: engine/cuda_graphs.py)."""
+        """The forwards inside take the stages the fused kernels fall back to (engine/kernel_stages.py or
+        compiled PyTorch, around cuBLAS), as eager forwards do, even while capturing (the prefill graphs:
+        engine/cuda_graphs.py)."""
         stages = self.stages
         if stages.fused_kernels:
-            self.stages = LayerStages(stages.pre_attention, stages.post_attention)
+            self.stages = stages.fallback
         try:
             yield
         finally:

@@ -46,7 +46,11 @@ class RuntimeConfig:
     # a decoder layer one persistent kernel in those steps (engine/triton_layer.py; not batch-invariant: drafts)
     layer_kernels: str = "auto"
     use_cuda_graphs: bool = True  # decode/verify steps replay captured graphs (CUDA only)
-    use_compile: bool = True  # torch.compile each layer's element-wise stages (CUDA only)
+    # CUDA: the stages around cuBLAS in steps the fused kernels do not take (prefill chunks, large graph steps):
+    # "kernels": Triton norms and rotary of fixed launch (engine/kernel_stages.py: the same bits in every
+    # process); "compiled": torch.compile'd PyTorch (inductor times some launches: replicas can differ);
+    # "eager": plain PyTorch. CPU: always plain PyTorch
+    stages: str = "kernels"
     # drafts: "int8": weight-only int8 linears (engine/linear.Int8Linear); "w8a8": every linear int8, and on
     # CUDA their inputs too in graph steps (int8 tensor cores: engine/triton_quant.py)
     quantize: str = "none"
@@ -68,6 +72,8 @@ class RuntimeConfig:
             raise ValueError(f"quantize must be one of {', '.join(QUANTIZE_MODES)}, got {self.quantize!r}")
         if self.layer_kernels not in ("auto", "fused", "reference", "layer"):
             raise ValueError(f"layer_kernels must be auto, fused, layer or reference, got {self.layer_kernels!r}")
+        if self.stages not in ("kernels", "compiled", "eager"):
+            raise ValueError(f"stages must be kernels, compiled or eager, got {self.stages!r}")
         if self.attention_backend not in ("auto", "triton", "reference"):
             raise ValueError(f"attention_backend must be auto, triton or reference, got {self.attention_backend!r}")
 
@@ -131,8 +137,10 @@ class ModelRunner:
         # see forward_groups; on CUDA the fused kernels run in graph steps only
         self.batch_invariant = config.layer_kernels == "fused" and (device.type == "cpu" or config.use_cuda_graphs)
         self._graph_config = GraphConfig().for_max_batch(config.max_batch_size)
-        if config.use_compile and device.type == "cuda":
+        if config.stages == "compiled" and device.type == "cuda":
             self.model.compile_stages()
+        elif config.stages == "kernels" and device.type == "cuda":
+            self.model.use_kernel_stages()
         if config.layer_kernels == "fused" or (config.layer_kernels == "layer" and device.type == "cpu"):
             self.model.use_fused_kernels(max_rows=None, layer_kernel=config.layer_kernels == "layer")
         elif config.layer_kernels in ("auto", "layer") and device.type == "cuda":
