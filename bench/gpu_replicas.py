@@ -119,10 +119,12 @@ def compare(first: dict, other: dict, label: str) -> dict[str, float]:
 
 def generated_code(cache_dir: Path) -> dict[str, str]:
     """An inductor cache's generated kernels and autotune picks: {content digest: text} of its .py sources,
-    and {source digest + ".best_config": the pick} where a pick sits beside its source."""
+    and {source digest + ".best_config": the pick} where a pick sits beside its source. The cache's own
+    directory, which the sources name in comments, is replaced by CACHE first, so replicas' equal sources
+    compare equal."""
     found: dict[str, str] = {}
     for path in sorted(cache_dir.rglob("*.py")):
-        text = path.read_text(errors="replace")
+        text = path.read_text(errors="replace").replace(str(cache_dir), "CACHE")
         digest = hashlib.sha256(text.encode()).hexdigest()[:16]
         found[digest] = text
         pick = path.with_suffix(".best_config")
@@ -137,8 +139,8 @@ def compare_code(first: dict[str, str], other: dict[str, str], label: str, detai
     only = {"first": sorted(set(first) - set(other)), "other": sorted(set(other) - set(first))}
     picks = [k for k in first if k.endswith(".best_config") and k in other and first[k] != other[k]]
     details[f"{label}_code"] = {
-        "only_in_first": {k: first[k][:6000] for k in only["first"][:3]},
-        "only_in_this": {k: other[k][:6000] for k in only["other"][:3]},
+        "only_in_first": {k: first[k][:6000] for k in only["first"][:8]},
+        "only_in_this": {k: other[k][:6000] for k in only["other"][:8]},
         "picks_differing": {k: [first[k], other[k]] for k in picks[:8]},
     }
     return {f"{label}_sources_only_in_one": float(len(only["first"]) + len(only["other"])),

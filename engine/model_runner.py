@@ -46,11 +46,12 @@ class RuntimeConfig:
     # a decoder layer one persistent kernel in those steps (engine/triton_layer.py; not batch-invariant: drafts)
     layer_kernels: str = "auto"
     use_cuda_graphs: bool = True  # decode/verify steps replay captured graphs (CUDA only)
-    # CUDA: the stages around cuBLAS in steps the fused kernels do not take (prefill chunks, large graph steps):
-    # "kernels": Triton norms and rotary of fixed launch (engine/kernel_stages.py: the same bits in every
-    # process); "compiled": torch.compile'd PyTorch (inductor times some launches: replicas can differ);
-    # "eager": plain PyTorch. CPU: always plain PyTorch
-    stages: str = "kernels"
+    # CUDA: the stages around cuBLAS in forwards the fused kernels do not take (prefill chunks, large graph
+    # steps): "kernels": Triton norms and rotary of fixed launch (engine/kernel_stages.py: the same bits in
+    # every process; the target service's default); "compiled": torch.compile'd PyTorch (fastest uncaptured,
+    # but a fresh process's inductor can build other kernels: replicas can differ); "eager": plain PyTorch.
+    # CPU: always plain PyTorch
+    stages: str = "compiled"
     # drafts: "int8": weight-only int8 linears (engine/linear.Int8Linear); "w8a8": every linear int8, and on
     # CUDA their inputs too in graph steps (int8 tensor cores: engine/triton_quant.py)
     quantize: str = "none"

@@ -59,11 +59,12 @@ def add_server_args(parser: argparse.ArgumentParser, prefix: str, default_port: 
 
 
 def add_runtime_args(parser: argparse.ArgumentParser, prefix: str, default_model: str,
-                     cuda_layer_kernels: str = "auto") -> None:
+                     cuda_layer_kernels: str = "auto", stages: str = "compiled") -> None:
     """`cuda_layer_kernels`: --layer-kernels when not given and the device is CUDA (on CPU: auto, which
-    is reference there). The target takes fused: batch-invariant, so speculative output equals
-    target-only output in bf16 at any batch; a draft takes auto, the fastest, as its rounding changes
-    only which tokens it proposes."""
+    is reference there); `stages`: --stages when not given. The target takes fused layer kernels and
+    kernel stages: batch-invariant, and the same bits in every replica, so speculative output equals
+    target-only output in bf16 at any batch, on any replica; a draft takes auto and compiled stages, the
+    fastest, as its rounding changes only which tokens it proposes."""
     env = lambda name, default: env_default(prefix, name, default)  # noqa: E731
     parser.set_defaults(cuda_layer_kernels=cuda_layer_kernels)
     parser.add_argument("--model", default=env("model", default_model),
@@ -83,6 +84,12 @@ def add_runtime_args(parser: argparse.ArgumentParser, prefix: str, default_model
                              "layer: as auto, a decoder layer one persistent kernel (engine/triton_layer.py; drafts; "
                              "experimental: slower than auto on the H200 today); "
                              f"reference: none. Default: {cuda_layer_kernels} on CUDA, reference on CPU (see the README)")
+    parser.add_argument("--stages", choices=["kernels", "compiled", "eager"], default=env("stages", stages),
+                        help="CUDA: a layer's norms, rotary, residuals and activation around cuBLAS in the forwards the "
+                             "layer kernels do not take (prefill chunks, larger steps). kernels: Triton kernels of fixed "
+                             "launch, the same bits in every process; compiled: torch.compile (a fresh process's "
+                             "inductor can build other kernels, so replicas can answer differently); eager: plain "
+                             f"PyTorch. Default: {stages}")
     parser.add_argument("--max-batch-size", type=int, default=env("max_batch_size", 64))
     parser.add_argument("--num-threads", type=int, default=env("num_threads", None), help="torch CPU threads")
 
@@ -106,6 +113,7 @@ def runtime_config(args: argparse.Namespace) -> RuntimeConfig:
         else None,
         attention_backend=args.attention_backend,
         layer_kernels=args.layer_kernels or (args.cuda_layer_kernels if on_cuda else "auto"),
+        stages=args.stages,
         max_batch_size=int(args.max_batch_size),
     )
 

@@ -15,7 +15,7 @@ from target_service.server import run
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="specdec-target", description=__doc__)
     add_server_args(parser, "SPECDEC_TARGET", default_port=50052)
-    add_runtime_args(parser, "SPECDEC_TARGET", DEFAULT_MODEL, cuda_layer_kernels="fused")
+    add_runtime_args(parser, "SPECDEC_TARGET", DEFAULT_MODEL, cuda_layer_kernels="fused", stages="kernels")
     parser.add_argument("--max-num-batched-tokens", type=int,
                         default=env_default("SPECDEC_TARGET", "max_num_batched_tokens", 2048),
                         help="tokens per forward; longer prompts are prefilled in chunks")

@@ -23,6 +23,7 @@ from target_service.cli import main as target_main
     (target_main, ["--num-threads", "-1"], "--num-threads must be >= 1"),
     (target_main, ["--max-model-len", "0"], "max_model_len must be >= 2"),
     (target_main, ["--device", "tpu9"], "--device 'tpu9'"),
+    (draft_main, ["--drafter", "model", "--stages", "inductor"], "argument --stages: invalid choice"),
     (gateway_main, ["--target", "127.0.0.1:1", "--log-level", "chatty"], "argument --log-level: invalid choice"),
     (gateway_main, ["--target", "127.0.0.1:1", "--max-prompt-tokens", "0"], "max_prompt_tokens, max_request_bytes"),
     (gateway_main, ["--target", "127.0.0.1:1", "--shutdown-grace-s", "-5"], "--shutdown-grace-s must be >= 0"),
