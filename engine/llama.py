@@ -109,7 +109,8 @@ def silu_mul_interleaved(gate_up: torch.Tensor) -> torch.Tensor:  # [T, 2I] -> [
 @dataclass
 class LayerStages:
     """How a layer computes around attention: its element-wise-heavy parts (norms, rotary, residuals,
-    activation) and linears, in plain PyTorch (CPU); torch.compile fuses them on GPU, and
+    activation) and linears, in plain PyTorch (CPU); on GPU torch.compile fuses them (`compiled`) or
+    engine.kernel_stages.KernelStages takes Triton kernels for the norms and rotary, and
     engine.fused_stages.FusedStages replaces them with Triton kernels for decode and verify steps."""
 
     pre_attention: Callable = pre_attention
