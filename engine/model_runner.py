@@ -48,8 +48,8 @@ class RuntimeConfig:
     use_cuda_graphs: bool = True  # decode/verify steps replay captured graphs (CUDA only)
     # CUDA: the stages around cuBLAS in forwards the fused kernels do not take (prefill chunks, large graph
     # steps): "kernels": Triton norms and rotary of fixed launch (engine/kernel_stages.py: the same bits in
-    # every process; the target service's default); "compiled": torch.compile'd PyTorch (fastest uncaptured,
-    # but a fresh process's inductor can build other kernels: replicas can differ); "eager": plain PyTorch.
+    # every process; the target service's default); "compiled": torch.compile'd PyTorch (processes compiling
+    # apart can compute other bits: bench/results/gpu_replicas_kernels.json); "eager": plain PyTorch.
     # CPU: always plain PyTorch
     stages: str = "compiled"
     # drafts: "int8": weight-only int8 linears (engine/linear.Int8Linear); "w8a8": every linear int8, and on

@@ -87,8 +87,8 @@ def add_runtime_args(parser: argparse.ArgumentParser, prefix: str, default_model
     parser.add_argument("--stages", choices=["kernels", "compiled", "eager"], default=env("stages", stages),
                         help="CUDA: a layer's norms, rotary, residuals and activation around cuBLAS in the forwards the "
                              "layer kernels do not take (prefill chunks, larger steps). kernels: Triton kernels of fixed "
-                             "launch, the same bits in every process; compiled: torch.compile (a fresh process's "
-                             "inductor can build other kernels, so replicas can answer differently); eager: plain "
+                             "launch, the same bits in every process; compiled: torch.compile (processes compiling apart "
+                             "can compute other bits, so replicas can answer differently); eager: plain "
                              f"PyTorch. Default: {stages}")
     parser.add_argument("--max-batch-size", type=int, default=env("max_batch_size", 64))
     parser.add_argument("--num-threads", type=int, default=env("num_threads", None), help="torch CPU threads")
