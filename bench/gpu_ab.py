@@ -29,8 +29,8 @@ Metrics per variant label (medians over the rounds): `LABEL_target_only_tok_s`,
 `LABEL_over_BASE_*` each one's ratio to the baseline's; every round's
 figures in the details. Each variant's speculative output is checked equal to its own reference, and
 each target-only output against the baseline's (`LABEL_target_only_differs_from_base`: 0 for changes
-that keep the bits, where two target processes of one flag set agree at all: on the GPU they can part at the
-prefill's compiled stages, bench/gpu_replicas.py). The report is written again after every round all variants completed, so a run
+that keep the bits: two target processes of one flag set agree on the GPU with the target's default `--stages
+kernels`, not with `compiled`, bench/gpu_replicas.py). The report is written again after every round all variants completed, so a run
 stopped by its timeout keeps the rounds done. `--tiny` runs it with tiny models on the CPU (checks the script; no meaningful numbers).
 Usage: python bench/gpu_ab.py --variant base --variant warm:SPECDEC_KEEP_WARM=1 [--variant mps:mps ...]
                               [--tiny] [--rounds 4] [--batch N] [--draft-quantize none|int8|w8a8] [--draft-head-rows N]
