@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> None:
     add_server_tls_args(parser, PREFIX)
     add_client_tls_args(parser, PREFIX)
     args = parse_service_args(parser, argv)
-    configure_and_run(parser, args, lambda: _config(args), run)
+    configure_and_run(parser, args, lambda: _config(args), run, fields={"default_num_draft_tokens": "num_draft_tokens"})
 
 
 def _config(args: argparse.Namespace) -> GatewayConfig:

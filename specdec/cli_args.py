@@ -5,6 +5,7 @@ import argparse
 import logging
 import math
 import os
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -161,19 +162,33 @@ def env_flag(prefix: str, name: str, default: bool) -> bool:
 
 
 def configure_and_run(parser: argparse.ArgumentParser, args: argparse.Namespace, configure: Callable[[], C],
-                      run: Callable[[argparse.Namespace, C], None]) -> None:
+                      run: Callable[[argparse.Namespace, C], None], fields: dict[str, str] | None = None) -> None:
     """A service's entry point after its flags are parsed: a value or combination its config refuses
-    (ValueError) is a usage error; a refused start (a SpecdecError: a model that cannot load, an
+    (ValueError) is a usage error, its message naming the flags (`fields`: config fields whose flag's
+    destination is named otherwise); a refused start (a SpecdecError: a model that cannot load, an
     incompatible draft, a busy port) ends the process with its reason and status 2. Neither is a traceback."""
     try:
         config = configure()
     except ValueError as e:
-        parser.error(str(e))
+        parser.error(flag_names(parser, str(e), fields or {}))
     try:
         run(args, config)
     except (SpecdecError, OSError) as e:  # OSError: a port, socket or file it could not take
         print(f"{parser.prog}: {e}", file=sys.stderr)
         sys.exit(2)
+
+
+def flag_names(parser: argparse.ArgumentParser, message: str, fields: dict[str, str]) -> str:
+    """`message` with each config field a flag sets named as the flag (kv_cache_tokens -> --kv-cache-tokens):
+    the names a user typed, or whose SPECDEC_* variable they set. Only names with an underscore, so that a
+    plain word of the message (model, device) stays a word."""
+    flags = {action.dest: flag for action in parser._actions
+             if (flag := next((o for o in action.option_strings if o.startswith("--")), None))}
+    flags.update({field: flags[dest] for field, dest in fields.items() if dest in flags})
+    names = sorted((name for name in flags if "_" in name), key=len, reverse=True)
+    if not names:
+        return message
+    return re.sub(r"\b(" + "|".join(map(re.escape, names)) + r")\b", lambda m: flags[m.group(1)], message)
 
 
 def port_number(text: str) -> int:

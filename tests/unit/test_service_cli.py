@@ -13,27 +13,27 @@ from target_service.cli import main as target_main
 
 
 @pytest.mark.parametrize(("main", "argv", "message"), [
-    (target_main, ["--kv-cache-memory-fraction", "2"], "kv_cache_memory_fraction must be in (0, 1)"),
-    (target_main, ["--max-model-len", "1"], "max_model_len must be >= 2"),
-    (draft_main, ["--drafter", "model", "--max-batch-size", "0"], "max_batch_size must be >= 1"),
+    (target_main, ["--kv-cache-memory-fraction", "2"], "--kv-cache-memory-fraction must be in (0, 1)"),
+    (target_main, ["--max-model-len", "1"], "--max-model-len must be >= 2"),
+    (draft_main, ["--drafter", "model", "--max-batch-size", "0"], "--max-batch-size must be >= 1"),
     (gateway_main, ["--target", "127.0.0.1:1", "--num-draft-tokens", "-1"],
-     "default_num_draft_tokens must be in [0, max_num_draft_tokens]"),
-    (gateway_main, ["--target", "127.0.0.1:1", "--connect-timeout-s", "0"], "connect_timeout_s must be > 0"),
-    (target_main, ["--max-num-batched-tokens", "0"], "max_num_batched_tokens must be >= 1"),
+     "--num-draft-tokens must be in [0, --max-num-draft-tokens]"),
+    (gateway_main, ["--target", "127.0.0.1:1", "--connect-timeout-s", "0"], "--connect-timeout-s must be > 0"),
+    (target_main, ["--max-num-batched-tokens", "0"], "--max-num-batched-tokens must be >= 1"),
     (target_main, ["--num-threads", "-1"], "--num-threads must be >= 1"),
-    (target_main, ["--max-model-len", "0"], "max_model_len must be >= 2"),
+    (target_main, ["--max-model-len", "0"], "--max-model-len must be >= 2"),
     (target_main, ["--device", "tpu9"], "--device 'tpu9'"),
     (draft_main, ["--drafter", "model", "--stages", "inductor"], "argument --stages: invalid choice"),
     (gateway_main, ["--target", "127.0.0.1:1", "--log-level", "chatty"], "argument --log-level: invalid choice"),
-    (gateway_main, ["--target", "127.0.0.1:1", "--max-prompt-tokens", "0"], "max_prompt_tokens, max_request_bytes"),
+    (gateway_main, ["--target", "127.0.0.1:1", "--max-prompt-tokens", "0"], "--max-prompt-tokens, --max-request-bytes"),
     (gateway_main, ["--target", "127.0.0.1:1", "--shutdown-grace-s", "-5"], "--shutdown-grace-s must be >= 0"),
-    (gateway_main, ["--target", "127.0.0.1:1", "--connect-timeout-s", "nan"], "connect_timeout_s must be > 0"),
+    (gateway_main, ["--target", "127.0.0.1:1", "--connect-timeout-s", "nan"], "--connect-timeout-s must be > 0"),
     (gateway_main, ["--target", "127.0.0.1:1", "--max-num-draft-tokens", "65"],
-     "max_num_draft_tokens must be in [1, 64] (a target verifies at most 64"),
+     "--max-num-draft-tokens must be in [1, 64] (a target verifies at most 64"),
     (gateway_main, ["--target", "127.0.0.1:1", "--max-new-tokens-limit", "20", "--default-max-new-tokens", "30"],
-     "default_max_new_tokens must be in [1, max_new_tokens_limit]"),
+     "--default-max-new-tokens must be in [1, --max-new-tokens-limit]"),
 ])
-def test_a_runtime_setting_out_of_range_exits_with_its_reason(main, argv, message, capsys):
+def test_a_runtime_setting_out_of_range_exits_with_its_reason_naming_the_flags(main, argv, message, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(argv if main is gateway_main else ["--device", "cpu", *argv])
     assert exit_info.value.code == 2  # argparse's usage error, before any model loads or service is called
