@@ -2,10 +2,10 @@
 every process, for the steps the fused kernels (engine/fused_stages.py) do not take (prefill chunks,
 large graph steps).
 
-torch.compile fuses these stages well, but inductor picks some of its kernels' launch configurations by
-timing them when a process first runs them, and a reduction's configuration is its summation order: two
-target replicas of one checkpoint, started side by side, then answered one greedy prompt differently
-(bench/results/gpu_replicas.json). Here
+torch.compile fuses these stages well, but what inductor builds is not the same bits in every process: of
+target replicas of one checkpoint compiling side by side, one answered a prompt's prefill with other bits and
+so one greedy prompt differently (bench/results/gpu_replicas.json, gpu_replicas_kernels.json; which of its
+kernels parts is not yet named). Here
 
   x       = rms_norm(hidden)                     (engine/triton_norm.py: one program a row)
   q       = rope_and_write_kv(x @ W_qkv)         (engine/triton_rope.py: rotary + cache write)

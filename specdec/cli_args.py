@@ -64,8 +64,8 @@ def add_runtime_args(parser: argparse.ArgumentParser, prefix: str, default_model
     """`cuda_layer_kernels`: --layer-kernels when not given and the device is CUDA (on CPU: auto, which
     is reference there); `stages`: --stages when not given. The target takes fused layer kernels and
     kernel stages: batch-invariant, and the same bits in every replica, so speculative output equals
-    target-only output in bf16 at any batch, on any replica; a draft takes auto and compiled stages, the
-    fastest, as its rounding changes only which tokens it proposes."""
+    target-only output in bf16 at any batch, on any replica; a draft takes auto, the fastest, and the
+    compiled stages, as its rounding changes only which tokens it proposes."""
     env = lambda name, default: env_default(prefix, name, default)  # noqa: E731
     parser.set_defaults(cuda_layer_kernels=cuda_layer_kernels)
     parser.add_argument("--model", default=env("model", default_model),
