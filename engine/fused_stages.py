@@ -23,8 +23,9 @@ compute a row as if it were alone, and with them the engine fixes attention's ke
 batch around it.
 
 Which steps: on CUDA, those captured into graphs (decode, verify, the draft's proposal loop),
-where a kernel costs no host launch; eager forwards (prefill chunks: many rows, compute-bound)
-take the fallback stages around cuBLAS (engine/kernel_stages.py, or torch.compile'd PyTorch).
+where a kernel costs no host launch; prefill chunks (many rows, compute-bound; replaying their
+prefill graphs, or eager past the largest) take the fallback stages around cuBLAS
+(engine/kernel_stages.py, or torch.compile'd PyTorch).
 `max_rows` (--layer-kernels auto) keeps larger graph steps on the fallback too: the skinny
 products read W once per 16 rows, so past 16 rows
 cuBLAS wins (H200: verify tok/s at batch 8/32 (40/160 rows) 4401/6170 in
