@@ -163,9 +163,10 @@ class ModelRunner:
             eos_token_ids=eos_token_ids(loaded.tokenizer, getattr(loaded.hf_model.generation_config, "eos_token_id", None)),
             device=device.type,
         )
-        log.info("model ready: %s (%d layers, max_model_len %d, KV %d blocks x %d tokens, layer kernels %s%s)",
+        log.info("model ready: %s (%d layers, max_model_len %d, KV %d blocks x %d tokens, layer kernels %s%s, stages %s)",
                  loaded.model_id, shape.num_layers, self.max_model_len, num_blocks, config.kv_block_size,
-                 config.layer_kernels, ", batch-invariant" if self.batch_invariant else "")
+                 config.layer_kernels, ", batch-invariant" if self.batch_invariant else "",
+                 config.stages if device.type == "cuda" else "eager")
 
     def check_token_ids(self, token_ids: list[int], what: str) -> None:
         vocab = self.description.vocab_size
