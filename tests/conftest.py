@@ -63,14 +63,18 @@ DEVICE = os.environ.get("SPECDEC_TEST_DEVICE", "cpu")
 
 
 def _runner(path: Path, kv_cache_tokens: int = 8192, attention_backend: str = "auto",
-            quantize: str = "none") -> ModelRunner:
+            quantize: str = "none", **config: str) -> ModelRunner:
     return ModelRunner(RuntimeConfig(model=str(path), kv_cache_tokens=kv_cache_tokens, device=DEVICE,
-                                     attention_backend=attention_backend, quantize=quantize))
+                                     attention_backend=attention_backend, quantize=quantize, **config))
+
+
+# on the GPU the target as specdec-target runs it (target_service/cli.py); on CPU both are plain PyTorch
+TARGET_DEFAULTS = {"layer_kernels": "fused", "stages": "kernels"} if DEVICE == "cuda" else {}
 
 
 @pytest.fixture(scope="session")
 def target_server(loop, model_dirs):
-    server = loop.run(start_target_server(_runner(model_dirs["target"])))
+    server = loop.run(start_target_server(_runner(model_dirs["target"], **TARGET_DEFAULTS)))
     yield server
     loop.run(server.stop())
 
