@@ -41,6 +41,7 @@ from tiny_models import build_tokenizer  # noqa: E402
 
 SHAPES = {"8b": (LLAMA_8B, "fused"), "1b": (LLAMA_1B, "auto")}  # each service's default layer kernels
 VARIANTS = ("graphed", "graphed_kernels", "graphed_eager", "compiled", "eager", "nopdl")
+STAGES = {"graphed_kernels": "kernels", "graphed_eager": "eager", "eager": "eager"}  # the rest: compiled
 # graphed: the default prefill buckets, and a decode graph only (the profile needs none)
 model_runner.GraphConfig = lambda: GraphConfig(batch_buckets=(1,), query_buckets=(1,))
 
@@ -74,8 +75,7 @@ def main() -> None:
             runner = ModelRunner(
                 RuntimeConfig(model=f"random-{shape_name}", device="cuda", dtype="bfloat16", max_model_len=2048,
                               kv_cache_tokens=4 * 2048, layer_kernels=layer_kernels, use_cuda_graphs=variant.startswith("graphed"),
-                              stages=variant.removeprefix("graphed_") if variant.endswith(("kernels", "eager"))
-                              else "compiled"),
+                              stages=STAGES.get(variant, "compiled")),
                 loaded=LoadedModel(f"random-{shape_name}", hf, build_tokenizer()),
             )
             prompt = torch.randint(3, 30000, (args.prompt,)).tolist()

@@ -25,10 +25,9 @@ batch around it.
 Which steps: on CUDA, those captured into graphs (decode, verify, the draft's proposal loop),
 where a kernel costs no host launch; prefill chunks (many rows, compute-bound; replaying their
 prefill graphs, or eager past the largest) take the fallback stages around cuBLAS
-(engine/kernel_stages.py, or torch.compile'd PyTorch).
-`max_rows` (--layer-kernels auto) keeps larger graph steps on the fallback too: the skinny
-products read W once per 16 rows, so past 16 rows
-cuBLAS wins (H200: verify tok/s at batch 8/32 (40/160 rows) 4401/6170 in
+(engine/kernel_stages.py, or torch.compile'd PyTorch). `max_rows` (--layer-kernels auto) keeps
+larger graph steps on the fallback too: the skinny products read W once per 16 rows, so past 16
+rows cuBLAS wins (H200: verify tok/s at batch 8/32 (40/160 rows) 4401/6170 in
 bench/results/gpu_target_fused.json, 6554/21512 on cuBLAS in gpu_target_reference.json) and only
 batch invariance argues for them. On CPU (the interpreter, for tests) steps of up to `CPU_MAX_ROWS`
 rows.
