@@ -9,6 +9,7 @@ from torch import nn
 from engine.linear import (
     CpuLinear,
     Int8Linear,
+    dequantize_int8,
     int8_activations,
     linear,
     quantize_int8,
@@ -52,6 +53,25 @@ def test_int8_linear_is_the_product_with_its_rounded_weights(shape):
     expected = F.linear(x.bfloat16().float(), weight, layer.bias)
     torch.testing.assert_close(quantized(x), expected, rtol=2e-2, atol=2e-2)  # products in bfloat16
     assert quantized(x).shape == (*shape[:-1], 80) and quantized(x).dtype == x.dtype
+
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float16])
+def test_dequantized_weights_are_each_product_rounded_once_to_the_dtype(device, dtype):
+    """The eager products' weights (prefill chunks under kernel or eager stages) are the float32 route's bits:
+    int8 times its row's bfloat16 scale, exact in float32, rounded once; scales of every magnitude."""
+    gen = torch.Generator().manual_seed(2)
+    qweight = torch.randint(-128, 128, (64, 96), generator=gen, dtype=torch.int8)
+    qweight[0] = torch.tensor([-128, 127, 1, -1] * 24, dtype=torch.int8)
+    scale = (torch.rand(64, generator=gen) * 10.0 ** torch.randint(-12, 3, (64,), generator=gen)).bfloat16()
+    qweight, scale = qweight.to(device), scale.to(device)
+    expected = (qweight.double() * scale.double()[:, None]).to(dtype)  # exact, then one rounding
+    out = dequantize_int8(qweight, scale, dtype)
+    assert out.dtype == dtype and torch.equal(out, expected)
+    assert torch.equal(out, (qweight.float() * scale.float()[:, None]).to(dtype))
 
 
 @pytest.mark.parametrize("shape", [(1, 48), (3, 48), (2, 5, 48)])
