@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import json
 import logging
 import time
@@ -22,6 +23,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from google.protobuf.json_format import MessageToDict
+from starlette.datastructures import Headers, MutableHeaders
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -80,9 +82,11 @@ def create_app(driver: Driver, model_name: str, max_request_bytes: int, stall_ti
     `stall_timeout_s`: a streamed request whose client takes none of its events this long ends (SseResponse)."""
     app = FastAPI(title="specdec gateway (OpenAI-compatible)", docs_url=None, redoc_url=None)
     created = int(time.time())
-    _add_error_handlers(app, lambda: driver.metrics.requests.labels(API, OUTCOME_INVALID).inc())
+    count_invalid = driver.metrics.requests.labels(API, OUTCOME_INVALID).inc
+    _add_error_handlers(app, count_invalid)
     app.add_middleware(BodyLimit, max_bytes=max_request_bytes)
-    app.middleware("http")(_request_id_middleware)  # the outermost: every answer carries the request's id
+    app.add_middleware(RequestIds, count_invalid=count_invalid)  # the outermost: every answer carries its id
+    logging.getLogger("uvicorn.error").addFilter(DROPPED_STREAM_FILTER)
 
     @app.get("/health")
     async def health() -> dict:
@@ -208,12 +212,19 @@ async def _respond(driver: Driver, params: GenerationParams, stream: bool, inclu
 class SseResponse(StreamingResponse):
     """Server-sent events whose writes wait at most `stall_timeout_s` for a client that takes none of them
     (connected, not reading: the socket's buffers and the server's write buffer full). Past it the events'
-    generator is closed, which ends the generation and frees its model sequences and slot, and the connection
-    is dropped; before, such a client held them until it went (the gRPC API's --stream-stall-timeout-s)."""
+    generator is closed, which ends the generation and frees its model sequences and slot, and the answer is
+    left incomplete, on which uvicorn closes the connection; before, such a client held them until it went (the
+    gRPC API's --stream-stall-timeout-s)."""
 
     def __init__(self, events: AsyncIterator[str], stall_timeout_s: float) -> None:
         super().__init__(events, media_type="text/event-stream")
         self._stall_timeout_s = stall_timeout_s
+        self.dropped = False
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await super().__call__(scope, receive, send)
+        # set in the request's own task (stream_response may run in a child), which uvicorn logs from
+        _STREAM_DROPPED.set(self.dropped)
 
     async def stream_response(self, send: Send) -> None:
         async def bounded(message: Message) -> None:
@@ -223,8 +234,23 @@ class SseResponse(StreamingResponse):
         try:
             await super().stream_response(bounded)
         except TimeoutError:
+            self.dropped = True
             await self.body_iterator.aclose()
             log.warning("the client stopped reading its stream for %g s: request cancelled", self._stall_timeout_s)
+
+
+# whether this request's stream was dropped for a stalled client (SseResponse): what uvicorn then logs as an
+# ERROR, an answer its app left incomplete, is that drop, which the WARNING above has said
+_STREAM_DROPPED: contextvars.ContextVar[bool] = contextvars.ContextVar("stream_dropped", default=False)
+INCOMPLETE_ANSWER = "ASGI callable returned without completing response."
+
+
+class _DroppedStreamFilter(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.msg == INCOMPLETE_ANSWER and _STREAM_DROPPED.get())
+
+
+DROPPED_STREAM_FILTER = _DroppedStreamFilter()
 
 
 async def _until_disconnected(work: Awaitable[T], request: Request) -> T | None:
@@ -277,19 +303,45 @@ def _event(body: dict) -> str:
     return f"data: {json.dumps(body)}\n\n"
 
 
-async def _request_id_middleware(request: Request, call_next):
-    given = request.headers.get(REQUEST_ID_KEY)
-    if given is not None and (problem := check_request_id(given)) is not None:
-        return error_response(400, problem, param=REQUEST_ID_KEY)
-    request_id = given or new_request_id()
-    request_id_var.set(request_id)
-    try:
-        response = await call_next(request)
-    except Exception as e:  # a bug: still answered in OpenAI's shape, with the request's id
-        log.exception("unexpected error in %s", request.url.path)
-        response = error_response(*error_of(e))
-    response.headers[REQUEST_ID_KEY] = request_id
-    return response
+class RequestIds:
+    """Every answer carries its request's x-request-id, the caller's or a new one (also on the 400 for a
+    malformed one, which is counted invalid), set in `request_id_var` for the request's logs; an unexpected error
+    before the answer starts is still answered in OpenAI's shape. Plain ASGI, not Starlette's BaseHTTPMiddleware:
+    that runs the app in a task of its own and relays a streamed answer, so a stream SseResponse dropped stayed
+    open, the relay waiting on the stalled client, and ended as if complete once the client read again."""
+
+    def __init__(self, app: ASGIApp, count_invalid: Callable[[], None]) -> None:
+        self.app = app
+        self.count_invalid = count_invalid
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        given = Headers(scope=scope).get(REQUEST_ID_KEY)
+        problem = None if given is None else check_request_id(given)
+        request_id = given if given is not None and problem is None else new_request_id()
+        request_id_var.set(request_id)
+        started = False
+
+        async def send_with_id(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+                MutableHeaders(scope=message)[REQUEST_ID_KEY] = request_id
+            await send(message)
+
+        if problem is not None:  # answered under an id of its own
+            self.count_invalid()
+            await error_response(400, problem, param=REQUEST_ID_KEY)(scope, receive, send_with_id)
+            return
+        try:
+            await self.app(scope, receive, send_with_id)
+        except Exception as e:  # a bug: still answered in OpenAI's shape, with the request's id
+            if started:
+                raise
+            log.exception("unexpected error in %s", scope.get("path"))
+            await error_response(*error_of(e))(scope, receive, send_with_id)
 
 
 class BodyLimit:

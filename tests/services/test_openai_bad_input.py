@@ -176,6 +176,21 @@ def test_a_body_over_the_limit_is_413_and_the_gateway_goes_on(small_gateway, mod
     assert ok.status_code == 200
 
 
+def test_a_malformed_request_id_is_400_naming_the_header_and_counted_as_invalid(http, model, observed_gateway,
+                                                                              scrape):
+    def invalid() -> float:
+        return scrape(observed_gateway.metrics_port).value("specdec_gateway_requests_total", api="openai",
+                                                           outcome="invalid_request")
+
+    before = invalid()
+    body = json.dumps({"model": model, "prompt": PROMPT, "max_tokens": 4}).encode()
+    response = http.post("/v1/completions", data=body,
+                         headers={"content-type": "application/json", REQUEST_ID_KEY: "has spaces"})
+    error = _error(response, 400)
+    assert error["param"] == REQUEST_ID_KEY and REQUEST_ID_KEY in error["message"]
+    assert invalid() == before + 1
+
+
 def test_health_answers_200(http):
     assert http.get("/health").status_code == 200
 
