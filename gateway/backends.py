@@ -192,6 +192,7 @@ class RequestStreams:
         self._draft_model = draft_model
         self.use_draft = use_draft and backends.has_draft and not backends.draft_paused
         self.opens_draft_with_prefill = backends.opens_draft_with_prefill(draft_model)
+        self.checks_draft_name = backends.is_unchecked_draft_name(draft_model)
         self._deadline = None if timeout_s is None else time.monotonic() + timeout_s
         self._opened: list[_BidiStream] = []
 
@@ -282,9 +283,13 @@ class Backends:
 
     def opens_draft_with_prefill(self, draft_model: str) -> bool:
         """Whether a request's draft prefills beside the target's prefill, not once the first token is in: as
-        configured, or for a draft name no request has opened yet (it may be unknown there: its NOT_FOUND then
-        comes before the first token)."""
-        return self.draft_opens_with_prefill or (bool(draft_model) and draft_model not in self._opened_drafts)
+        configured, or for a draft name no request has opened yet (`is_unchecked_draft_name`)."""
+        return self.draft_opens_with_prefill or self.is_unchecked_draft_name(draft_model)
+
+    def is_unchecked_draft_name(self, draft_model: str) -> bool:
+        """A draft name no request has opened (or unknown to the draft service since): it may be unknown there,
+        so its request's first token waits for the draft's start, and a NOT_FOUND comes before any token."""
+        return bool(draft_model) and draft_model not in self._opened_drafts
 
     def draft_opened(self, draft_model: str) -> None:
         self._opened_drafts.add(draft_model)

@@ -100,8 +100,10 @@ async def _decode(
     opening = _open_early(draft, policy) if beside else None
     try:
         first = await target.prefill(context_ids, max_new_tokens, sampling)
-        if opening is not None and opening.done():
-            await opening  # the draft's own errors (an unknown draft_model) come before the first token
+        # the draft's own errors come before the first token where they are in by then, and always for a draft
+        # name not yet checked (an unknown draft_model: NOT_FOUND, however fast the target's prefill)
+        if opening is not None and (opening.done() or streams.checks_draft_name):
+            await opening
     except BaseException:
         await _close(target, draft)
         raise

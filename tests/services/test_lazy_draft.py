@@ -3,8 +3,10 @@ that drafts, prefilled with the prompt and everything committed so far in one ca
 the end like any other. Counted on the draft service itself (its engine stats), real servers."""
 from __future__ import annotations
 
+import asyncio
 import time
 
+import grpc
 import pytest
 from harness import channel, generate
 
@@ -191,4 +193,51 @@ def test_the_draft_opens_beside_the_target_prefill_or_after_the_first_token_and_
     for token_ids, num_accepted in outputs:
         assert token_ids == hf_greedy(prompt_ids, 16)
         assert num_accepted > 0  # the draft (the target's weights) took part
+    _wait_draft_idle(draft_stub("identical"))
+
+
+class _SlowDraftStreams(_OrderedStreams):
+    """The request's real streams, the draft's start answered `delay_s` late (a draft slower than the target's
+    prefill, as a GPU target's prefill often is), noting when that answer is in."""
+
+    delay_s = 0.5
+
+    def open_draft(self):
+        stream = super().open_draft()
+        start = stream.start
+
+        async def slow(*args, **kwargs):
+            await asyncio.sleep(self.delay_s)
+            try:
+                return await start(*args, **kwargs)
+            finally:
+                self.events.append("draft answered")
+
+        stream.start = slow
+        return stream
+
+
+def test_an_unknown_draft_name_fails_before_the_first_token_even_when_the_target_answers_first(
+        loop, target_server, draft_servers, draft_stub, tokenizer):
+    """A draft name no request has opened may be unknown to the draft service: its request's first token waits
+    for the draft's start, so NOT_FOUND comes before any token, whichever service answers first."""
+    prompt_ids = tokenizer.encode(PROMPTS[0])
+
+    async def run():
+        backends = Backends(f"127.0.0.1:{target_server.port}", f"127.0.0.1:{draft_servers['identical'].port}")
+        streams = _SlowDraftStreams(backends, "nowhere", use_draft=True, timeout_s=60)
+        steps = []
+        try:
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                async for step in speculative_generate(prompt_ids, 16, 3, streams):
+                    steps.append(step)
+        finally:
+            await streams.close()
+            await backends.close()
+        return steps, info.value, streams.events
+
+    steps, error, events = loop.run(run())
+    assert error.code() == grpc.StatusCode.NOT_FOUND and "nowhere" in error.details()
+    assert events == ["draft opened", "first token", "draft answered"]  # the target's prefill came first
+    assert steps == []
     _wait_draft_idle(draft_stub("identical"))
