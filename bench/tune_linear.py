@@ -10,8 +10,10 @@ fraction of the measured copy bandwidth, best first; `*` marks the default confi
 times int8 weights with their row scales (a draft's --quantize int8) against cuBLAS on the bf16 ones.
 `--wide` times configurations of 32, 64 and 128 rows a program (WIDE_CONFIGS) against the 16-row
 default (`*`) and records, per configuration, whether its rows are the default's bits (`same_bits`);
-`+` marks the one launch_config takes at those rows.
-Usage: python bench/tune_linear.py [--rows 1 5] [--shapes 8b_qkv ...] [--int8] [--wide] [--out PATH]
+`+` marks the one launch_config takes at those rows. `--split` times products split along K (SPLIT_CONFIGS,
+engine/triton_linear.py's split_k) against the default (`*`), for shapes whose column strips leave SMs with
+one program or a partial last wave (Llama-3.1-8B's qkv: 192 programs of 32 columns on 132 SMs, o_proj 128).
+Usage: python bench/tune_linear.py [--rows 1 5] [--shapes 8b_qkv ...] [--int8] [--wide] [--split] [--out PATH]
 """
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
-from engine.triton_linear import LaunchConfig, launch_config, skinny_linear  # noqa: E402
+from engine.triton_linear import LaunchConfig, launch_config, skinny_linear, split_counters  # noqa: E402
 from engine.triton_norm import rms_norm_triton  # noqa: E402
 from report import save_report  # noqa: E402
 from timing import cuda_ms  # noqa: E402
@@ -45,6 +47,9 @@ CONFIGS = ([LaunchConfig(bn, bk, w, s) for bn, bk, w, s in itertools.product((32
 # every row the bits of the default (16 rows a program: a decode's)
 WIDE_CONFIGS = [LaunchConfig(bn, bk, w, s, block_m=bm) for bm, bn, bk, (w, s) in itertools.product(
     (32, 64, 128), (64, 128), (64, 128), ((4, 3), (4, 4), (8, 3)))]
+# --split: each column strip in 2 or 4 K ranges (programs), their float32 partials summed in order by the last
+SPLIT_CONFIGS = [LaunchConfig(bn, bk, w, s, split_k=sk) for sk, bn, bk, (w, s) in itertools.product(
+    (2, 4), (16, 32, 64), (128, 256), ((2, 4), (4, 3), (4, 4)))]
 INT8_CONFIGS = CONFIGS + [LaunchConfig(bn, 1024, w, s) for bn, w, s in itertools.product((16, 32), (2, 4), (3, 4))]
 FUSIONS = {  # what the model fuses into each product (engine/fused_stages.py)
     "qkv": "rms_norm", "o": "residual", "gate_up": "rms_norm+silu_mul", "down": "residual", "lm_head": "rms_norm"}
@@ -79,8 +84,10 @@ def main() -> None:
     parser.add_argument("--shapes", nargs="+", default=list(SHAPES))
     parser.add_argument("--int8", action="store_true", help="int8 weights and row scales (engine/linear.Int8Linear)")
     parser.add_argument("--wide", action="store_true", help="configurations of 32, 64 and 128 rows a program")
+    parser.add_argument("--split", action="store_true", help="products split along K, against the default")
     args = parser.parse_args()
-    configs = WIDE_CONFIGS if args.wide else INT8_CONFIGS if args.int8 else CONFIGS
+    configs = WIDE_CONFIGS if args.wide else SPLIT_CONFIGS if args.split else INT8_CONFIGS if args.int8 else CONFIGS
+    counters = split_counters(torch.device("cuda"))  # split products in a graph take counters made before it
     bandwidth = copy_bandwidth()
     report: dict[str, object] = {"copy_bandwidth_tb_s": bandwidth / 1e12}
     for name in args.shapes:
@@ -99,7 +106,7 @@ def main() -> None:
         for rows in args.rows:
             x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
             g = torch.ones(k, device="cuda", dtype=torch.bfloat16)
-            epilogue = dict(**int8, silu_mul="silu" in fusion,
+            epilogue = dict(**int8, counters=counters, silu_mul="silu" in fusion,
                             residual=torch.randn(rows, n, device="cuda", dtype=torch.bfloat16)
                             if fusion == "residual" else None)
             def as_model(i: int, c: LaunchConfig) -> torch.Tensor:
@@ -107,7 +114,8 @@ def main() -> None:
                     return skinny_linear(rms_norm_triton(x, g, 1e-5), weights[i], config=c, **epilogue)
                 return skinny_linear(x, weights[i], config=c, **epilogue)
 
-            variants = {"plain": lambda i, c: skinny_linear(x, weights[i], config=c, **int8), fusion: as_model}
+            variants = {"plain": lambda i, c: skinny_linear(x, weights[i], config=c, counters=counters, **int8),
+                        fusion: as_model}
             if args.wide:  # as the model runs them only, the default (16 rows a program) first
                 variants.pop("plain")
             # cuBLAS on bf16 weights (with --int8 their bytes are twice the bandwidth figure's)
@@ -118,7 +126,8 @@ def main() -> None:
             same_bits: dict[str, bool] = {}  # --wide: label -> every row the default's bits
             block_of: dict[str, str] = {}  # --wide: label -> rows and warps a program
             wide = launch_config(n, k, int8=args.int8, rows=rows)  # --wide: marked "+"
-            for config, variant in itertools.product([default, *configs] if args.wide else configs, variants):
+            with_default = [default, *configs] if args.wide or args.split else configs
+            for config, variant in itertools.product(with_default, variants):
                 try:
                     ms = graph_ms_per_call(lambda i: variants[variant](i, config), copies)
                 except Exception as error:  # noqa: BLE001 - a configuration that does not compile or fit
@@ -127,6 +136,8 @@ def main() -> None:
                 label = f"{variant}_bn{config.block_n}_bk{config.block_k}_w{config.num_warps}_s{config.num_stages}"
                 if config.block_m != default.block_m:
                     label += f"_bm{config.block_m}"
+                if config.split_k > 1:
+                    label += f"_sk{config.split_k}"
                 label += "*" if config == default else "+" if args.wide and config == wide else ""
                 if args.wide and variant == fusion:
                     same_bits[label] = torch.equal(variants[fusion](0, config), expected)
