@@ -9,7 +9,8 @@ from pathlib import Path
 from gateway.backends import Backends, rehearse_messages
 from gateway.config import GatewayConfig
 from gateway.driver import Driver
-from gateway.metrics import GatewayMetrics
+from gateway.metrics import OUTCOME_INVALID, GatewayMetrics
+from gateway.servicer import API as GRPC_API
 from gateway.servicer import GatewayServicer
 from specdec.busy_poll import busy_poll_enabled, keep_warm_enabled, make_busy_poll
 from specdec.serving import RunningServer, serve_until_signal, start_server
@@ -17,6 +18,7 @@ from specdec.tls import ServerTls, server_tls_config
 from specdec.v1 import gateway_pb2, gateway_pb2_grpc
 
 SERVICE_NAME = gateway_pb2.DESCRIPTOR.services_by_name["Gateway"].full_name
+GENERATE_METHOD = f"/{SERVICE_NAME}/Generate"
 HTTP_SPARE_CONNECTIONS = 64  # beyond the requests it may hold: /v1/models, /health, keep-alive
 
 
@@ -69,6 +71,7 @@ async def start_gateway_server(
             [SERVICE_NAME], host, port, ready_file, cleanup=backends.close,
             metrics_registry=metrics.registry, metrics_port=metrics_port, max_receive_bytes=config.max_request_bytes,
             credentials=tls.credentials() if tls else None, unix_socket=unix_socket,
+            on_malformed_request_id=lambda method: _count_refused(metrics, method),
         )
     except BaseException:  # a busy port, a bad socket path: let go of what was opened for it
         if http is not None:
@@ -85,6 +88,12 @@ async def start_gateway_server(
             raise
         server.http = http  # drained beside the gRPC streams when the server stops
     return server
+
+
+def _count_refused(metrics: GatewayMetrics, method: str) -> None:
+    """A Generate refused for its malformed x-request-id counts as an invalid request, as the HTTP API's does."""
+    if method == GENERATE_METHOD:
+        metrics.requests.labels(GRPC_API, OUTCOME_INVALID).inc()
 
 
 def run(args: argparse.Namespace, config: GatewayConfig) -> None:

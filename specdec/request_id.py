@@ -3,6 +3,7 @@ model services, held in a contextvar for the life of an RPC, and stamped on ever
 from __future__ import annotations
 
 import contextvars
+import functools
 import inspect
 import json
 import logging
@@ -43,10 +44,14 @@ def request_id_metadata() -> tuple[tuple[str, str], ...]:
 
 
 class RequestIdInterceptor(grpc.aio.ServerInterceptor):
-    """Puts the caller's x-request-id (or a new one) into `request_id_var` for the RPC's handler.
+    """Puts the caller's x-request-id (or a new one) into `request_id_var` for the RPC's handler; a malformed
+    one ends the RPC with INVALID_ARGUMENT, after `on_malformed(method)` if given (a gateway counts it).
 
     grpc.aio runs each RPC in its own task, so the value set here is private to that RPC.
     """
+
+    def __init__(self, on_malformed: Callable[[str], None] | None = None) -> None:
+        self._on_malformed = on_malformed
 
     async def intercept_service(
         self, continuation: Callable, handler_call_details: grpc.HandlerCallDetails
@@ -57,37 +62,40 @@ class RequestIdInterceptor(grpc.aio.ServerInterceptor):
         method = handler_call_details.method
         serializers = {"request_deserializer": handler.request_deserializer,
                        "response_serializer": handler.response_serializer}
+        enter = functools.partial(_enter, method=method, on_malformed=self._on_malformed)
         if handler.unary_unary:
-            return grpc.unary_unary_rpc_method_handler(_wrap_unary(handler.unary_unary, method), **serializers)
+            return grpc.unary_unary_rpc_method_handler(_wrap_unary(handler.unary_unary, enter), **serializers)
         if handler.unary_stream:
-            return grpc.unary_stream_rpc_method_handler(_wrap_stream(handler.unary_stream, method), **serializers)
+            return grpc.unary_stream_rpc_method_handler(_wrap_stream(handler.unary_stream, enter, method), **serializers)
         if handler.stream_stream:
-            return grpc.stream_stream_rpc_method_handler(_wrap_stream(handler.stream_stream, method), **serializers)
+            return grpc.stream_stream_rpc_method_handler(_wrap_stream(handler.stream_stream, enter, method), **serializers)
         return handler
 
 
-async def _enter(context: grpc.aio.ServicerContext, method: str) -> None:
+async def _enter(context: grpc.aio.ServicerContext, method: str, on_malformed: Callable[[str], None] | None) -> None:
     given = dict(context.invocation_metadata() or ()).get(REQUEST_ID_KEY)
     if given is not None and (problem := check_request_id(given)) is not None:
+        if on_malformed is not None:
+            on_malformed(method)
         await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
     request_id_var.set(given or new_request_id())
     log.debug("%s started", method)
 
 
-def _wrap_unary(behavior: Callable, method: str) -> Callable:
+def _wrap_unary(behavior: Callable, enter: Callable) -> Callable:
     async def wrapped(request, context):
-        await _enter(context, method)
+        await enter(context)
         return await behavior(request, context)
 
     return wrapped
 
 
-def _wrap_stream(behavior: Callable, method: str) -> Callable:
+def _wrap_stream(behavior: Callable, enter: Callable, method: str) -> Callable:
     if not inspect.isasyncgenfunction(behavior):  # it writes its responses itself (context.write): health's Watch
-        return _wrap_unary(behavior, method)
+        return _wrap_unary(behavior, enter)
 
     async def wrapped(request, context):
-        await _enter(context, method)
+        await enter(context)
         try:
             async for response in behavior(request, context):
                 yield response

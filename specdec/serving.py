@@ -264,6 +264,7 @@ async def start_server(
     idle_poll: bool = False,
     rehearse: Callable[[], None] | None = None,
     unix_socket: Path | None = None,
+    on_malformed_request_id: Callable[[str], None] | None = None,
 ) -> RunningServer:
     """Starts an asyncio gRPC server with our services, grpc.health.v1 and reflection.
 
@@ -277,12 +278,14 @@ async def start_server(
     host's idle CPUs poll while any does (specdec/idle_cpus.py); `rehearse`: run now and then while the
     loop polls (specdec/busy_poll.py's keeping warm). `unix_socket`: listen on this Unix socket as well
     (a stale socket file there is replaced; the file is removed on stop), for callers on the same host:
-    `unix:PATH` skips the TCP stack on every message of a step.
+    `unix:PATH` skips the TCP stack on every message of a step. `on_malformed_request_id(method)`: called for
+    each RPC refused for its x-request-id (a gateway counts the refused requests).
     """
     options = [*SERVER_OPTIONS, ("grpc.max_receive_message_length", max_receive_bytes)]
     poll = make_busy_poll(busy_poll, idle_poll, rehearse)
     polling = [BusyPollInterceptor(poll, service_names)] if poll else []
-    server = grpc.aio.server(interceptors=[*polling, RequestIdInterceptor(), *interceptors, ErrorInterceptor()],
+    server = grpc.aio.server(interceptors=[*polling, RequestIdInterceptor(on_malformed_request_id), *interceptors,
+                                           ErrorInterceptor()],
                              options=options)
     register(server)
     health_servicer = HealthServicer()  # its Watch streams end at a graceful stop

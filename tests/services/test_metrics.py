@@ -168,12 +168,18 @@ def test_gateway_makes_a_request_id_when_the_client_sends_none(observed_stub):
     assert len(final.stats.request_id) == 32
 
 
-def test_malformed_request_id_is_rejected(observed_stub):
+def test_malformed_request_id_is_rejected_and_counted_as_invalid(observed_gateway, observed_stub, scrape):
+    def invalid() -> float:
+        return scrape(observed_gateway.metrics_port).value("specdec_gateway_requests_total", api="grpc",
+                                                           outcome="invalid_request")
+
+    before = invalid()
     request = gateway_pb2.GenerateRequest(prompt="x", max_new_tokens=2)
     with pytest.raises(grpc.RpcError) as e:
         list(observed_stub.Generate(request, metadata=[(REQUEST_ID_KEY, "has spaces")], timeout=30))
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert REQUEST_ID_KEY in e.value.details()
+    assert invalid() == before + 1
 
 
 def test_every_service_exports_its_process_and_garbage_collector_figures(observed_gateway, observed_target,
