@@ -197,23 +197,22 @@ def test_the_draft_opens_beside_the_target_prefill_or_after_the_first_token_and_
 
 
 class _SlowDraftStreams(_OrderedStreams):
-    """The request's real streams, the draft's start answered `delay_s` late (a draft slower than the target's
-    prefill, as a GPU target's prefill often is), noting when that answer is in."""
-
-    delay_s = 0.5
+    """The request's real streams, the draft's start sent only once the target's first token is in (a draft
+    slower than the target's prefill, as beside a GPU target), noting when the draft's answer is in."""
 
     def open_draft(self):
         stream = super().open_draft()
         start = stream.start
 
-        async def slow(*args, **kwargs):
-            await asyncio.sleep(self.delay_s)
+        async def late(*args, **kwargs):
+            while "first token" not in self.events:
+                await asyncio.sleep(0.005)
             try:
                 return await start(*args, **kwargs)
             finally:
                 self.events.append("draft answered")
 
-        stream.start = slow
+        stream.start = late
         return stream
 
 
