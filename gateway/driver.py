@@ -198,6 +198,12 @@ class Driver:
                  stats.num_draft_tokens, stats.tokens_per_s(num_completion_tokens))
 
 
+def warn_stalled_client(stall_timeout_s: float) -> None:
+    """Either front door's log line for a request ended because its client took none of its stream for the
+    stall timeout (the generation is closed by then, its model sequences freed)."""
+    log.warning("the client stopped reading its stream for %g s: request cancelled", stall_timeout_s)
+
+
 def _input_chars(request: gateway_pb2.GenerateRequest) -> int:
     """About the text the tokenizer will see: the prompt, or the chat's messages with their template."""
     return len(request.prompt) + sum(len(message.content) + CHAT_MESSAGE_CHARS for message in request.chat.messages)

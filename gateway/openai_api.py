@@ -27,7 +27,7 @@ from starlette.datastructures import Headers, MutableHeaders
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway.driver import Delta, Driver
+from gateway.driver import Delta, Driver, warn_stalled_client
 from gateway.metrics import OUTCOME_INVALID
 from gateway.openai_protocol import ChatCompletionRequest, CompletionRequest
 from gateway.output import Finish
@@ -236,7 +236,7 @@ class SseResponse(StreamingResponse):
         except TimeoutError:
             self.dropped = True
             await self.body_iterator.aclose()
-            log.warning("the client stopped reading its stream for %g s: request cancelled", self._stall_timeout_s)
+            warn_stalled_client(self._stall_timeout_s)
 
 
 # whether this request's stream was dropped for a stalled client (SseResponse): what uvicorn then logs as an

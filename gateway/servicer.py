@@ -2,17 +2,15 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 from contextlib import aclosing
 
 import grpc
 
-from gateway.driver import Driver
+from gateway.driver import Driver, warn_stalled_client
 from gateway.output import Finish
 from specdec.v1 import gateway_pb2, gateway_pb2_grpc
 
 API = "grpc"
-log = logging.getLogger(__name__)
 FINISH_REASON_PB = {
     Finish.LENGTH: gateway_pb2.FINISH_REASON_LENGTH,
     Finish.EOS: gateway_pb2.FINISH_REASON_EOS,
@@ -40,7 +38,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
             else:
                 return
         # the generation is closed, its model sequences freed; the status waits behind what the client has not taken
-        log.warning("the client stopped reading its stream for %g s: request cancelled", self._stall_timeout_s)
+        warn_stalled_client(self._stall_timeout_s)
         await context.abort(grpc.StatusCode.CANCELLED,
                             f"the client stopped reading the stream: nothing it was sent was taken for "
                             f"{self._stall_timeout_s:g} s (--stream-stall-timeout-s), so the request was cancelled")
