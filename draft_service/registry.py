@@ -140,7 +140,7 @@ class DraftRegistry:
         name = name or self._default
         entry = self._entries.get(name)
         if entry is None:
-            raise NotFoundError(f"no draft model named {name!r} is loaded; loaded: {', '.join(sorted(self._entries))}")
+            raise self._not_loaded(name)
         entry.num_leases += 1
         return Lease(name, entry.drafter, entry)
 
@@ -186,9 +186,17 @@ class DraftRegistry:
         log.info("draft %r loaded from %s in %.1f s%s", name, model, seconds, " (default)" if name == self._default else "")
         return DraftInfo(name, drafter, name == self._default), seconds
 
+    def set_default(self, name: str) -> None:
+        """Makes the loaded draft `name` the default: new sequences without a name get it (running ones stay on
+        theirs). A load with make_default that lands later takes the default from it, as loads order themselves."""
+        if name not in self._entries:
+            raise self._not_loaded(name)
+        self._default = name
+        log.info("draft %r is the default", name)
+
     def unload(self, name: str) -> None:
         if name not in self._entries:
-            raise NotFoundError(f"no draft model named {name!r} is loaded")
+            raise self._not_loaded(name)
         if name == self._default:
             raise InvalidRequestError(f"{name!r} is the default draft; make another draft the default first")
         self._retire(self._entries.pop(name))
@@ -199,6 +207,9 @@ class DraftRegistry:
             await entry.drafter.stop()
         self._entries.clear()
         await asyncio.gather(*self._stopping, return_exceptions=True)
+
+    def _not_loaded(self, name: str) -> NotFoundError:
+        return NotFoundError(f"no draft model named {name!r} is loaded; loaded: {', '.join(sorted(self._entries))}")
 
     def _check_tokenizer(self, drafter: Drafter, expected: str) -> None:
         new = drafter.description

@@ -19,7 +19,7 @@ _REHEARSAL_REQUEST = draft_pb2.DraftRequest(
 
 class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
     def __init__(self, drafts: DraftRegistry, admin_token: str | None = None) -> None:
-        """`admin_token`: what LoadDraft/UnloadDraft callers must send; None disables them."""
+        """`admin_token`: what LoadDraft/UnloadDraft/SetDefaultDraft callers must send; None disables them."""
         self._drafts = drafts
         self._admin_token = admin_token
 
@@ -81,6 +81,12 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
     async def UnloadDraft(self, request: draft_pb2.UnloadDraftRequest, context) -> draft_pb2.ListDraftsResponse:
         self._check_admin(context)
         self._drafts.unload(request.name)
+        return await self.ListDrafts(draft_pb2.ListDraftsRequest(), context)
+
+    async def SetDefaultDraft(self, request: draft_pb2.SetDefaultDraftRequest,
+                              context) -> draft_pb2.ListDraftsResponse:
+        self._check_admin(context)
+        self._drafts.set_default(request.name)
         return await self.ListDrafts(draft_pb2.ListDraftsRequest(), context)
 
     async def ListDrafts(self, request, context) -> draft_pb2.ListDraftsResponse:

@@ -1,4 +1,8 @@
-"""`specdec-client`: stream one Generate call to the terminal (or as JSON lines)."""
+"""`specdec-client`: stream one Generate call to the terminal (or as JSON lines).
+
+Against a gateway serving TLS give --tls-ca (and --tls-cert/--tls-key where it requires client
+certificates), or SPECDEC_CLIENT_TLS_CA and so on.
+"""
 from __future__ import annotations
 
 import argparse
@@ -11,6 +15,7 @@ import grpc
 from google.protobuf.json_format import MessageToDict
 
 from specdec.request_id import REQUEST_ID_KEY
+from specdec.tls import ClientTls, add_client_tls_args, blocking_channel, client_tls_config
 from specdec.v1 import gateway_pb2, gateway_pb2_grpc
 
 
@@ -48,13 +53,13 @@ def collect(chunks: Iterable[gateway_pb2.GenerateResponse], on_chunk=None) -> Co
 
 
 def stream(address: str, request: gateway_pb2.GenerateRequest, on_chunk=None, timeout_s: float = 600,
-           request_id: str | None = None) -> Completion:
-    """Runs Generate on the gateway at `address`; returns the whole completion.
+           request_id: str | None = None, tls: ClientTls | None = None) -> Completion:
+    """Runs Generate on the gateway at `address` (over TLS with `tls`); returns the whole completion.
 
     `request_id` travels as x-request-id metadata; the gateway makes one when it is None.
     """
     metadata = [(REQUEST_ID_KEY, request_id)] if request_id else None
-    with grpc.insecure_channel(address) as channel:
+    with blocking_channel(address, tls) as channel:
         chunks = gateway_pb2_grpc.GatewayStub(channel).Generate(request, timeout=timeout_s, metadata=metadata)
         return collect(chunks, on_chunk)
 
@@ -80,7 +85,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     parser.add_argument("--json", action="store_true", help="one JSON object per chunk on stdout")
     parser.add_argument("--request-id", help="sent as x-request-id; the services' logs carry it")
+    add_client_tls_args(parser, "SPECDEC_CLIENT", flag="tls", peer="the gateway", us="this client")
     args = parser.parse_args(argv)
+    tls = client_tls_config(args, flag="tls")
     request = build_request(args.prompt, args.chat, args.max_new_tokens, args.num_draft_tokens, args.stop)
 
     def show(chunk: gateway_pb2.GenerateResponse) -> None:
@@ -90,7 +97,7 @@ def main(argv: list[str] | None = None) -> None:
             print(chunk.text, end="", flush=True)
 
     try:
-        completion = stream(args.address, request, show, request_id=args.request_id)
+        completion = stream(args.address, request, show, request_id=args.request_id, tls=tls)
     except grpc.RpcError as e:
         print(f"\nspecdec-client: {e.code().name}: {e.details()}", file=sys.stderr)
         sys.exit(1)

@@ -7,6 +7,8 @@ Files are PEM. Flags (each with an env default, e.g. SPECDEC_TARGET_TLS_CERT):
   gateway → model services: --backend-tls-ca (verify the services), --backend-tls-cert and
             --backend-tls-key (the gateway's identity for mTLS), --backend-tls-server-name
             (the name the services' certificate carries, when the address differs)
+  command-line clients (specdec.client → gateway, specdec.admin → draft service): the same four as
+            --tls-ca, --tls-cert, --tls-key, --tls-server-name (SPECDEC_CLIENT_TLS_CA, SPECDEC_ADMIN_TLS_CA, ...)
 """
 from __future__ import annotations
 
@@ -87,20 +89,34 @@ def _pem(flag: str, value: str | None) -> Path | None:
     return path
 
 
-def add_client_tls_args(parser: argparse.ArgumentParser, prefix: str) -> None:
-    group = parser.add_argument_group("TLS to the model services (unset: plaintext)")
-    group.add_argument("--backend-tls-ca", default=_env(prefix, "backend_tls_ca"),
-                       help="PEM CA that signed the model services' certificates; turns TLS on")
-    group.add_argument("--backend-tls-cert", default=_env(prefix, "backend_tls_cert"),
-                       help="mutual TLS: this gateway's PEM certificate")
-    group.add_argument("--backend-tls-key", default=_env(prefix, "backend_tls_key"),
-                       help="mutual TLS: this gateway's PEM private key")
-    group.add_argument("--backend-tls-server-name", default=_env(prefix, "backend_tls_server_name"),
-                       help="the name in the services' certificates, if not the address's host")
+def add_client_tls_args(parser: argparse.ArgumentParser, prefix: str, flag: str = "backend-tls",
+                        peer: str = "the model services", us: str = "this gateway") -> None:
+    """The client side's flags, `--{flag}-ca` and so on (the gateway's towards the model services; `tls` for the
+    command-line clients), each with its env default (PREFIX_BACKEND_TLS_CA)."""
+    dest = flag.replace("-", "_")
+    group = parser.add_argument_group(f"TLS to {peer} (unset: plaintext)")
+    group.add_argument(f"--{flag}-ca", dest=f"{dest}_ca", default=_env(prefix, f"{dest}_ca"),
+                       help=f"PEM CA that signed the certificates of {peer}; turns TLS on")
+    group.add_argument(f"--{flag}-cert", dest=f"{dest}_cert", default=_env(prefix, f"{dest}_cert"),
+                       help=f"mutual TLS: {us}'s PEM certificate")
+    group.add_argument(f"--{flag}-key", dest=f"{dest}_key", default=_env(prefix, f"{dest}_key"),
+                       help=f"mutual TLS: {us}'s PEM private key")
+    group.add_argument(f"--{flag}-server-name", dest=f"{dest}_server_name", default=_env(prefix, f"{dest}_server_name"),
+                       help=f"the name in the certificates of {peer}, if not the address's host")
 
 
-def client_tls_config(args: argparse.Namespace) -> ClientTls | None:
-    if not any([args.backend_tls_ca, args.backend_tls_cert, args.backend_tls_key]):
+def client_tls_config(args: argparse.Namespace, flag: str = "backend-tls") -> ClientTls | None:
+    """What add_client_tls_args(..., flag) parsed: None for plaintext (none of the CA, cert or key given)."""
+    dest = flag.replace("-", "_")
+    ca, cert, key = (getattr(args, f"{dest}_{name}") for name in ("ca", "cert", "key"))
+    if not any([ca, cert, key]):
         return None
-    return ClientTls(_pem("--backend-tls-ca", args.backend_tls_ca), _pem("--backend-tls-cert", args.backend_tls_cert),
-                     _pem("--backend-tls-key", args.backend_tls_key), args.backend_tls_server_name or None)
+    return ClientTls(_pem(f"--{flag}-ca", ca), _pem(f"--{flag}-cert", cert), _pem(f"--{flag}-key", key),
+                     getattr(args, f"{dest}_server_name") or None)
+
+
+def blocking_channel(address: str, tls: ClientTls | None) -> grpc.Channel:
+    """A blocking channel for the command-line clients: TLS (mTLS with a client certificate) when `tls` is given."""
+    if tls is None:
+        return grpc.insecure_channel(address)
+    return grpc.secure_channel(address, tls.credentials(), options=tls.channel_options())

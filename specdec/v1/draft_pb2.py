@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from specdec.v1 import common_pb2 as specdec_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16specdec/v1/draft.proto\x12\nspecdec.v1\x1a\x17specdec/v1/common.proto\"~\n\x10LoadDraftRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x14\n\x0cmake_default\x18\x03 \x01(\x08\x12&\n\x1e\x65xpected_tokenizer_fingerprint\x18\x04 \x01(\t\x12\x0f\n\x07replace\x18\x05 \x01(\x08\"S\n\nDraftEntry\x12\x0c\n\x04name\x18\x01 \x01(\t\x12#\n\x04info\x18\x02 \x01(\x0b\x32\x15.specdec.v1.ModelInfo\x12\x12\n\nis_default\x18\x03 \x01(\x08\"K\n\x11LoadDraftResponse\x12&\n\x06loaded\x18\x01 \x01(\x0b\x32\x16.specdec.v1.DraftEntry\x12\x0e\n\x06load_s\x18\x02 \x01(\x01\"\"\n\x12UnloadDraftRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\x13\n\x11ListDraftsRequest\"<\n\x12ListDraftsResponse\x12&\n\x06\x64rafts\x18\x01 \x03(\x0b\x32\x16.specdec.v1.DraftEntry\"s\n\x0c\x44raftRequest\x12)\n\x05start\x18\x01 \x01(\x0b\x32\x18.specdec.v1.StartCommandH\x00\x12-\n\x07propose\x18\x02 \x01(\x0b\x32\x1a.specdec.v1.ProposeCommandH\x00\x42\t\n\x07\x63ommand\"}\n\x0cStartCommand\x12\x12\n\nprompt_ids\x18\x01 \x03(\x05\x12\x16\n\x0emax_new_tokens\x18\x02 \x01(\x05\x12\x13\n\x0b\x64raft_model\x18\x03 \x01(\t\x12,\n\x08sampling\x18\x04 \x01(\x0b\x32\x1a.specdec.v1.SamplingParams\"a\n\x0eProposeCommand\x12!\n\x19num_accepted_draft_tokens\x18\x01 \x01(\x05\x12\x12\n\nappend_ids\x18\x02 \x03(\x05\x12\x18\n\x10num_draft_tokens\x18\x03 \x01(\x05\"\x88\x01\n\rDraftResponse\x12*\n\x07started\x18\x01 \x01(\x0b\x32\x17.specdec.v1.StartResultH\x00\x12-\n\x08proposal\x18\x02 \x01(\x0b\x32\x19.specdec.v1.ProposeResultH\x00\x12\x12\n\nforward_ns\x18\x03 \x01(\x03\x42\x08\n\x06result\"\r\n\x0bStartResult\"V\n\rProposeResult\x12\x11\n\tdraft_ids\x18\x01 \x03(\x05\x12\x32\n\x0b\x64raft_probs\x18\x02 \x03(\x0b\x32\x1d.specdec.v1.TokenDistribution2\xc9\x03\n\x0c\x44raftService\x12\x43\n\x08Sequence\x12\x18.specdec.v1.DraftRequest\x1a\x19.specdec.v1.DraftResponse(\x01\x30\x01\x12\x43\n\x0cGetModelInfo\x12\x1c.specdec.v1.ModelInfoRequest\x1a\x15.specdec.v1.ModelInfo\x12I\n\x0eGetEngineStats\x12\x1e.specdec.v1.EngineStatsRequest\x1a\x17.specdec.v1.EngineStats\x12H\n\tLoadDraft\x12\x1c.specdec.v1.LoadDraftRequest\x1a\x1d.specdec.v1.LoadDraftResponse\x12M\n\x0bUnloadDraft\x12\x1e.specdec.v1.UnloadDraftRequest\x1a\x1e.specdec.v1.ListDraftsResponse\x12K\n\nListDrafts\x12\x1d.specdec.v1.ListDraftsRequest\x1a\x1e.specdec.v1.ListDraftsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16specdec/v1/draft.proto\x12\nspecdec.v1\x1a\x17specdec/v1/common.proto\"~\n\x10LoadDraftRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x14\n\x0cmake_default\x18\x03 \x01(\x08\x12&\n\x1e\x65xpected_tokenizer_fingerprint\x18\x04 \x01(\t\x12\x0f\n\x07replace\x18\x05 \x01(\x08\"S\n\nDraftEntry\x12\x0c\n\x04name\x18\x01 \x01(\t\x12#\n\x04info\x18\x02 \x01(\x0b\x32\x15.specdec.v1.ModelInfo\x12\x12\n\nis_default\x18\x03 \x01(\x08\"K\n\x11LoadDraftResponse\x12&\n\x06loaded\x18\x01 \x01(\x0b\x32\x16.specdec.v1.DraftEntry\x12\x0e\n\x06load_s\x18\x02 \x01(\x01\"\"\n\x12UnloadDraftRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"&\n\x16SetDefaultDraftRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\x13\n\x11ListDraftsRequest\"<\n\x12ListDraftsResponse\x12&\n\x06\x64rafts\x18\x01 \x03(\x0b\x32\x16.specdec.v1.DraftEntry\"s\n\x0c\x44raftRequest\x12)\n\x05start\x18\x01 \x01(\x0b\x32\x18.specdec.v1.StartCommandH\x00\x12-\n\x07propose\x18\x02 \x01(\x0b\x32\x1a.specdec.v1.ProposeCommandH\x00\x42\t\n\x07\x63ommand\"}\n\x0cStartCommand\x12\x12\n\nprompt_ids\x18\x01 \x03(\x05\x12\x16\n\x0emax_new_tokens\x18\x02 \x01(\x05\x12\x13\n\x0b\x64raft_model\x18\x03 \x01(\t\x12,\n\x08sampling\x18\x04 \x01(\x0b\x32\x1a.specdec.v1.SamplingParams\"a\n\x0eProposeCommand\x12!\n\x19num_accepted_draft_tokens\x18\x01 \x01(\x05\x12\x12\n\nappend_ids\x18\x02 \x03(\x05\x12\x18\n\x10num_draft_tokens\x18\x03 \x01(\x05\"\x88\x01\n\rDraftResponse\x12*\n\x07started\x18\x01 \x01(\x0b\x32\x17.specdec.v1.StartResultH\x00\x12-\n\x08proposal\x18\x02 \x01(\x0b\x32\x19.specdec.v1.ProposeResultH\x00\x12\x12\n\nforward_ns\x18\x03 \x01(\x03\x42\x08\n\x06result\"\r\n\x0bStartResult\"V\n\rProposeResult\x12\x11\n\tdraft_ids\x18\x01 \x03(\x05\x12\x32\n\x0b\x64raft_probs\x18\x02 \x03(\x0b\x32\x1d.specdec.v1.TokenDistribution2\xa0\x04\n\x0c\x44raftService\x12\x43\n\x08Sequence\x12\x18.specdec.v1.DraftRequest\x1a\x19.specdec.v1.DraftResponse(\x01\x30\x01\x12\x43\n\x0cGetModelInfo\x12\x1c.specdec.v1.ModelInfoRequest\x1a\x15.specdec.v1.ModelInfo\x12I\n\x0eGetEngineStats\x12\x1e.specdec.v1.EngineStatsRequest\x1a\x17.specdec.v1.EngineStats\x12H\n\tLoadDraft\x12\x1c.specdec.v1.LoadDraftRequest\x1a\x1d.specdec.v1.LoadDraftResponse\x12M\n\x0bUnloadDraft\x12\x1e.specdec.v1.UnloadDraftRequest\x1a\x1e.specdec.v1.ListDraftsResponse\x12U\n\x0fSetDefaultDraft\x12\".specdec.v1.SetDefaultDraftRequest\x1a\x1e.specdec.v1.ListDraftsResponse\x12K\n\nListDrafts\x12\x1d.specdec.v1.ListDraftsRequest\x1a\x1e.specdec.v1.ListDraftsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -40,22 +40,24 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LOADDRAFTRESPONSE']._serialized_end=351
   _globals['_UNLOADDRAFTREQUEST']._serialized_start=353
   _globals['_UNLOADDRAFTREQUEST']._serialized_end=387
-  _globals['_LISTDRAFTSREQUEST']._serialized_start=389
-  _globals['_LISTDRAFTSREQUEST']._serialized_end=408
-  _globals['_LISTDRAFTSRESPONSE']._serialized_start=410
-  _globals['_LISTDRAFTSRESPONSE']._serialized_end=470
-  _globals['_DRAFTREQUEST']._serialized_start=472
-  _globals['_DRAFTREQUEST']._serialized_end=587
-  _globals['_STARTCOMMAND']._serialized_start=589
-  _globals['_STARTCOMMAND']._serialized_end=714
-  _globals['_PROPOSECOMMAND']._serialized_start=716
-  _globals['_PROPOSECOMMAND']._serialized_end=813
-  _globals['_DRAFTRESPONSE']._serialized_start=816
-  _globals['_DRAFTRESPONSE']._serialized_end=952
-  _globals['_STARTRESULT']._serialized_start=954
-  _globals['_STARTRESULT']._serialized_end=967
-  _globals['_PROPOSERESULT']._serialized_start=969
-  _globals['_PROPOSERESULT']._serialized_end=1055
-  _globals['_DRAFTSERVICE']._serialized_start=1058
-  _globals['_DRAFTSERVICE']._serialized_end=1515
+  _globals['_SETDEFAULTDRAFTREQUEST']._serialized_start=389
+  _globals['_SETDEFAULTDRAFTREQUEST']._serialized_end=427
+  _globals['_LISTDRAFTSREQUEST']._serialized_start=429
+  _globals['_LISTDRAFTSREQUEST']._serialized_end=448
+  _globals['_LISTDRAFTSRESPONSE']._serialized_start=450
+  _globals['_LISTDRAFTSRESPONSE']._serialized_end=510
+  _globals['_DRAFTREQUEST']._serialized_start=512
+  _globals['_DRAFTREQUEST']._serialized_end=627
+  _globals['_STARTCOMMAND']._serialized_start=629
+  _globals['_STARTCOMMAND']._serialized_end=754
+  _globals['_PROPOSECOMMAND']._serialized_start=756
+  _globals['_PROPOSECOMMAND']._serialized_end=853
+  _globals['_DRAFTRESPONSE']._serialized_start=856
+  _globals['_DRAFTRESPONSE']._serialized_end=992
+  _globals['_STARTRESULT']._serialized_start=994
+  _globals['_STARTRESULT']._serialized_end=1007
+  _globals['_PROPOSERESULT']._serialized_start=1009
+  _globals['_PROPOSERESULT']._serialized_end=1095
+  _globals['_DRAFTSERVICE']._serialized_start=1098
+  _globals['_DRAFTSERVICE']._serialized_end=1642
 # @@protoc_insertion_point(module_scope)

@@ -45,6 +45,12 @@ class UnloadDraftRequest(_message.Message):
     name: str
     def __init__(self, name: _Optional[str] = ...) -> None: ...
 
+class SetDefaultDraftRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
 class ListDraftsRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

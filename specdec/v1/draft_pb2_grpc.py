@@ -62,6 +62,11 @@ class DraftServiceStub:
                 request_serializer=specdec_dot_v1_dot_draft__pb2.UnloadDraftRequest.SerializeToString,
                 response_deserializer=specdec_dot_v1_dot_draft__pb2.ListDraftsResponse.FromString,
                 _registered_method=True)
+        self.SetDefaultDraft = channel.unary_unary(
+                '/specdec.v1.DraftService/SetDefaultDraft',
+                request_serializer=specdec_dot_v1_dot_draft__pb2.SetDefaultDraftRequest.SerializeToString,
+                response_deserializer=specdec_dot_v1_dot_draft__pb2.ListDraftsResponse.FromString,
+                _registered_method=True)
         self.ListDrafts = channel.unary_unary(
                 '/specdec.v1.DraftService/ListDrafts',
                 request_serializer=specdec_dot_v1_dot_draft__pb2.ListDraftsRequest.SerializeToString,
@@ -115,6 +120,14 @@ class DraftServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetDefaultDraft(self, request, context):
+        """/ Admin: makes a loaded draft the default, atomically: new requests without a `draft_model`
+        / get it; sequences already running stay on the draft they started on. Nothing is loaded.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ListDrafts(self, request, context):
         """/ Lists the loaded drafts and which one is the default.
         """
@@ -148,6 +161,11 @@ def add_DraftServiceServicer_to_server(servicer, server):
             'UnloadDraft': grpc.unary_unary_rpc_method_handler(
                     servicer.UnloadDraft,
                     request_deserializer=specdec_dot_v1_dot_draft__pb2.UnloadDraftRequest.FromString,
+                    response_serializer=specdec_dot_v1_dot_draft__pb2.ListDraftsResponse.SerializeToString,
+            ),
+            'SetDefaultDraft': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetDefaultDraft,
+                    request_deserializer=specdec_dot_v1_dot_draft__pb2.SetDefaultDraftRequest.FromString,
                     response_serializer=specdec_dot_v1_dot_draft__pb2.ListDraftsResponse.SerializeToString,
             ),
             'ListDrafts': grpc.unary_unary_rpc_method_handler(
@@ -292,6 +310,33 @@ class DraftService:
             target,
             '/specdec.v1.DraftService/UnloadDraft',
             specdec_dot_v1_dot_draft__pb2.UnloadDraftRequest.SerializeToString,
+            specdec_dot_v1_dot_draft__pb2.ListDraftsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetDefaultDraft(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/specdec.v1.DraftService/SetDefaultDraft',
+            specdec_dot_v1_dot_draft__pb2.SetDefaultDraftRequest.SerializeToString,
             specdec_dot_v1_dot_draft__pb2.ListDraftsResponse.FromString,
             options,
             channel_credentials,

@@ -2,6 +2,7 @@
 certificates are made in the test (openssl). Without the right certificate nothing connects."""
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 from pathlib import Path
@@ -10,12 +11,14 @@ import grpc
 import pytest
 from harness import generate
 
-from draft_service.registry import DraftRegistry
+from draft_service.registry import DraftRegistry, model_loader
 from draft_service.server import start_draft_server
 from engine.model_drafter import ModelDrafter
 from engine.model_runner import ModelRunner, RuntimeConfig
+from engine.ngram_drafter import NgramDrafter
 from gateway.config import GatewayConfig
 from gateway.server import start_gateway_server
+from specdec import admin, client
 from specdec.errors import ServiceUnavailableError
 from specdec.tls import ClientTls, ServerTls
 from specdec.v1 import common_pb2, gateway_pb2_grpc, target_pb2_grpc
@@ -119,3 +122,48 @@ def test_mtls_to_both_model_services_speculates_with_exact_output(loop, mtls_tar
     finally:
         loop.run(gateway.stop())
         loop.run(draft.stop())
+
+
+def _cli_tls(pki: Path, identity: str | None) -> list[str]:
+    flags = ["--tls-ca", str(pki / "ca.pem")]
+    return flags if identity is None else [*flags, "--tls-cert", str(pki / f"{identity}.pem"),
+                                           "--tls-key", str(pki / f"{identity}.key")]
+
+
+def test_admin_cli_manages_an_mtls_draft_service_and_is_refused_without_a_client_certificate(loop, mtls_target, pki,
+                                                                                          capsys):
+    """The admin token travels only over TLS; the --target's fingerprint is asked with the same settings."""
+    drafts = DraftRegistry.of(NgramDrafter(), name="lookup", load=model_loader(RuntimeConfig(model="")))
+    drafts.add("second", NgramDrafter())
+    tls = ServerTls(pki / "target.pem", pki / "target.key", client_ca_file=pki / "ca.pem")
+    draft = loop.run(start_draft_server(drafts, tls=tls, admin_token="secret"))
+    common = ["--draft", f"127.0.0.1:{draft.port}", "--token", "secret", "--timeout", "10"]
+    try:
+        assert admin.main([*common, *_cli_tls(pki, "gateway-client"), "set-default", "second"]) == 0
+        assert '"name": "second",\n      "info"' in capsys.readouterr().out
+        assert [d.name for d in drafts.list() if d.is_default] == ["second"]
+        assert admin.main([*common, *_cli_tls(pki, "gateway-client"), "load-draft", "third", "ngram",
+                           "--target", f"127.0.0.1:{mtls_target.port}"]) == 0
+        assert '"name": "third"' in capsys.readouterr().out
+        for refused in (_cli_tls(pki, None), _cli_tls(pki, "rogue"), []):  # no certificate, a rogue one, plaintext
+            assert admin.main([*common, *refused, "set-default", "lookup"]) == 1
+            assert "UNAVAILABLE" in capsys.readouterr().err
+        assert [d.name for d in drafts.list() if d.is_default] == ["second"]
+    finally:
+        loop.run(draft.stop())
+
+
+def test_client_cli_streams_from_a_tls_gateway(loop, mtls_target, pki, tokenizer, hf_greedy, capsys):
+    config = GatewayConfig(f"127.0.0.1:{mtls_target.port}", None, backend_tls=_client_tls(pki, "gateway"))
+    gateway = loop.run(start_gateway_server(config, tls=ServerTls(pki / "gateway.pem", pki / "gateway.key")))
+    address = ["The quick brown fox", "--address", f"127.0.0.1:{gateway.port}", "--max-new-tokens", "12"]
+    try:
+        client.main([*address, "--json", *_cli_tls(pki, None)])
+        chunks = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+        token_ids = [int(t) for chunk in chunks for t in chunk.get("token_ids", [])]
+        assert token_ids == hf_greedy(tokenizer.encode("The quick brown fox"), 12)
+        with pytest.raises(SystemExit) as info:  # plaintext cannot talk to it
+            client.main(address)
+        assert info.value.code == 1 and "UNAVAILABLE" in capsys.readouterr().err
+    finally:
+        loop.run(gateway.stop())

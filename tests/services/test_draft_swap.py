@@ -191,6 +191,33 @@ def test_replace_and_unload(swap_trio, model_dirs):
     assert info.value.code() == grpc.StatusCode.NOT_FOUND
 
 
+def test_set_default_switches_new_requests_without_a_load_and_frees_the_old_default_for_unloading(
+        swap_trio, model_dirs, gateway_stub):
+    draft, gateway, _ = swap_trio
+    draft.LoadDraft(draft_pb2.LoadDraftRequest(name="exact", model=str(model_dirs["identical"])), metadata=AUTH)
+    before = generate(gateway, prompt="Set the default", max_new_tokens=16, num_draft_tokens=4)
+    assert before[2].stats.acceptance_rate < 1.0  # the unrelated "first"
+    listed = draft.SetDefaultDraft(draft_pb2.SetDefaultDraftRequest(name="exact"), metadata=AUTH)
+    assert {e.name: e.is_default for e in listed.drafts} == {"first": False, "exact": True}
+    after = generate(gateway, prompt="Set the default", max_new_tokens=16, num_draft_tokens=4)
+    assert after[0] == before[0] == generate(gateway_stub("none"), prompt="Set the default", max_new_tokens=16)[0]
+    assert after[2].stats.acceptance_rate == 1.0  # the identical draft, with no load in between
+    draft.UnloadDraft(draft_pb2.UnloadDraftRequest(name="first"), metadata=AUTH)  # no longer the default
+    assert _drafts(draft) == {"exact": True}
+
+
+@pytest.mark.parametrize("name, metadata, code, detail", [
+    ("missing", AUTH, grpc.StatusCode.NOT_FOUND, "no draft model named 'missing' is loaded; loaded: first"),
+    ("first", (), grpc.StatusCode.PERMISSION_DENIED, "missing or wrong admin token"),
+])
+def test_refused_set_default_leaves_the_default_as_it_was(swap_trio, name, metadata, code, detail):
+    draft, _, _ = swap_trio
+    with pytest.raises(grpc.RpcError) as info:
+        draft.SetDefaultDraft(draft_pb2.SetDefaultDraftRequest(name=name), metadata=metadata)
+    assert info.value.code() == code and detail in info.value.details(), info.value.details()
+    assert _drafts(draft) == {"first": True}
+
+
 def test_a_draft_unloaded_after_requests_opened_it_is_not_found_before_the_first_token_again(swap_trio, model_dirs):
     """A name requests have opened opens after the first token; once unloaded, the first request naming it finds
     out mid-stream, and every later one before any token (its name is unknown to the gateway again)."""
@@ -239,9 +266,13 @@ def test_admin_cli_swaps_the_default_checked_against_the_target(swap_trio, targe
                        "--target", f"127.0.0.1:{target_server.port}"]) == 0
     assert '"isDefault": true' in capsys.readouterr().out
     assert _drafts(draft) == {"first": False, "exact": True}
-    assert admin.main([*common, "unload-draft", "first"]) == 0
+    assert admin.main([*common, "set-default", "first"]) == 0
+    assert _drafts(draft) == {"first": True, "exact": False}
+    assert admin.main([*common, "set-default", "missing"]) == 1
+    assert "NOT_FOUND" in capsys.readouterr().err
+    assert admin.main([*common, "unload-draft", "exact"]) == 0
     assert admin.main(["--draft", f"127.0.0.1:{port}", "list-drafts"]) == 0
-    assert '"name": "exact"' in capsys.readouterr().out and _drafts(draft) == {"exact": True}
+    assert '"name": "first"' in capsys.readouterr().out and _drafts(draft) == {"first": True}
 
 
 @pytest.fixture
