@@ -11,11 +11,16 @@ from specdec.cli_args import (add_runtime_args, add_server_args, configure_and_r
 from specdec.tls import add_server_tls_args, server_tls_config
 from target_service.server import run
 
+# The target's runtime on CUDA unless flags say otherwise: fused layer kernels (batch-invariant) and kernel stages (the
+# same bits in every process; specdec/cli_args.add_runtime_args). On CPU the runtime's own defaults.
+CUDA_RUNTIME = {"layer_kernels": "fused", "stages": "kernels"}
+
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="specdec-target", description=__doc__)
     add_server_args(parser, "SPECDEC_TARGET", default_port=50052)
-    add_runtime_args(parser, "SPECDEC_TARGET", DEFAULT_MODEL, cuda_layer_kernels="fused", stages="kernels")
+    add_runtime_args(parser, "SPECDEC_TARGET", DEFAULT_MODEL, cuda_layer_kernels=CUDA_RUNTIME["layer_kernels"],
+                     stages=CUDA_RUNTIME["stages"])
     parser.add_argument("--max-num-batched-tokens", type=int,
                         default=env_default("SPECDEC_TARGET", "max_num_batched_tokens", 2048),
                         help="tokens per forward; longer prompts are prefilled in chunks")

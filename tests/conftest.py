@@ -23,6 +23,7 @@ from gateway.config import GatewayConfig  # noqa: E402
 from gateway.server import start_gateway_server  # noqa: E402
 from harness import LoopThread, channel  # noqa: E402
 from specdec.v1 import draft_pb2_grpc, gateway_pb2_grpc, target_pb2_grpc  # noqa: E402
+from target_service.cli import CUDA_RUNTIME  # noqa: E402
 from target_service.server import start_target_server  # noqa: E402
 from tiny_models import build_model_dir, build_reduced_head_draft, build_tokenizer  # noqa: E402
 
@@ -69,7 +70,7 @@ def _runner(path: Path, kv_cache_tokens: int = 8192, attention_backend: str = "a
 
 
 # on the GPU the target as specdec-target runs it (target_service/cli.py); on CPU both are plain PyTorch
-TARGET_DEFAULTS = {"layer_kernels": "fused", "stages": "kernels"} if DEVICE == "cuda" else {}
+TARGET_DEFAULTS = CUDA_RUNTIME if DEVICE == "cuda" else {}  # the target service's (target_service/cli.py)
 
 
 @pytest.fixture(scope="session")

@@ -20,12 +20,12 @@ REPLICA = textwrap.dedent("""
     import torch
     from engine.batch import StepInput
     from engine.model_runner import ModelRunner, RuntimeConfig
+    from target_service.cli import CUDA_RUNTIME
 
     cuda = torch.cuda.is_available()
-    runner = ModelRunner(RuntimeConfig(  # the target service's defaults (target_service/cli.py)
+    runner = ModelRunner(RuntimeConfig(  # the target service's defaults
         model=sys.argv[1], device="cuda" if cuda else "cpu", dtype="bfloat16" if cuda else "float32",
-        max_model_len=256, kv_cache_tokens=1024, max_batch_size=4, layer_kernels="fused" if cuda else "auto",
-        stages="kernels"))
+        max_model_len=256, kv_cache_tokens=1024, max_batch_size=4, **(CUDA_RUNTIME if cuda else {})))
     kv = runner.kv.new_sequence()
     digests, ids = [], json.loads(sys.argv[2])
     for _ in range(6):  # the prefill, then greedy decodes
