@@ -41,7 +41,7 @@ from torch import nn
 
 from engine.batch import ForwardBatch
 from engine.linear import int8_activations, weight_and_scale
-from engine.llama import AttentionFn, CausalLM, DecoderLayer, LayerStages, Rotary
+from engine.llama import AttentionFn, CausalLM, DecoderLayer, Rotary, Stages
 from engine.subset_head import SubsetLMHead
 from engine.triton_layer import check_every_sm_is_ours, layer_barrier, layer_forward, layer_supported
 from engine.triton_linear import skinny_linear, split_counters
@@ -59,14 +59,13 @@ QKV_ROPE = os.environ.get("SPECDEC_QKV_ROPE", "1") != "0"
 AUTO_MAX_ROWS = 16  # one row tile of the skinny linear (engine/triton_linear.py)
 
 
-class FusedStages(LayerStages):
+class FusedStages(Stages):
     """`fallback`'s stages for the steps the kernels do not take."""
 
     fused_kernels = True
 
-    def __init__(self, fallback: LayerStages, max_rows: int | None, device: torch.device,
+    def __init__(self, fallback: Stages, max_rows: int | None, device: torch.device,
                  layer_kernel: bool = False) -> None:
-        super().__init__(fallback.pre_attention, fallback.post_attention)
         self.fallback = fallback
         self.max_rows = max_rows  # None: every graph step
         # the split products' counters (engine/triton_linear.py), made before any graph capture;

@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import torch
 
-from engine.llama import DecoderLayer, LayerStages, Rotary, silu_mul_interleaved
+from engine.llama import DecoderLayer, Rotary, Stages, silu_mul_interleaved
 from engine.triton_norm import rms_norm_triton
 from engine.triton_rope import rope_and_write_kv
 
 
-class KernelStages(LayerStages):
+class KernelStages(Stages):
     def attention_inputs(self, layer: DecoderLayer, hidden: torch.Tensor, rotary: Rotary,
                          k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> torch.Tensor:
         qkv = layer.qkv(rms_norm_triton(hidden, layer.input_norm, layer.eps))

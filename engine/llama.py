@@ -106,25 +106,13 @@ def silu_mul_interleaved(gate_up: torch.Tensor) -> torch.Tensor:  # [T, 2I] -> [
     return F.silu(pairs[..., 0]) * pairs[..., 1]
 
 
-@dataclass
-class LayerStages:
-    """How a layer computes around attention: its element-wise-heavy parts (norms, rotary, residuals,
-    activation) and linears, in plain PyTorch (CPU); on GPU torch.compile fuses them (`compiled`) or
-    engine.kernel_stages.KernelStages takes Triton kernels for the norms and rotary, and
-    engine.fused_stages.FusedStages replaces them with Triton kernels for decode and verify steps."""
+class Stages:
+    """How a layer computes around attention: its queries (norm, QKV product, rotary, the cache write) and what
+    follows attention (output product, residuals, norm, MLP), and the head's logits. `LayerStages` in PyTorch;
+    engine.kernel_stages.KernelStages with Triton norms and rotary around cuBLAS; engine.fused_stages.FusedStages
+    with Triton kernels for the decode and verify steps, falling back to one of the others."""
 
-    pre_attention: Callable = pre_attention
-    post_attention: Callable = post_attention
     fused_kernels = False  # engine.fused_stages.FusedStages: True
-
-    def compiled(self) -> LayerStages:
-        # dynamic: one graph serves every token count (bucket sizes and prefill chunks). Every model of
-        # the process shares the two functions' compile caches, and each model configuration (shape,
-        # linear kind, dtype) adds about two entries (one token, and any count): past dynamo's default
-        # limit of 8 a fifth model, a draft service's named drafts or live swaps, would fail to compile.
-        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, COMPILED_ENTRIES)
-        return LayerStages(torch.compile(pre_attention, dynamic=True, fullgraph=True),
-                           torch.compile(post_attention, dynamic=True, fullgraph=True))
 
     def forward_layer(self, layer: DecoderLayer, hidden: torch.Tensor, rotary: Rotary, k_cache: torch.Tensor,
                       v_cache: torch.Tensor, batch: ForwardBatch, attention: AttentionFn) -> torch.Tensor:
@@ -136,15 +124,11 @@ class LayerStages:
     def attention_inputs(self, layer: DecoderLayer, hidden: torch.Tensor, rotary: Rotary,
                          k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> torch.Tensor:
         """The layer's queries [T, H, D]; its keys and values go to the cache."""
-        cos, sin = rotary.rows()
-        q, k, v = self.pre_attention(hidden, layer.input_norm, layer.qkv, cos, sin, layer.shape, layer.eps)
-        write_kv(k, v, k_cache, v_cache, slot_mapping)
-        return q
+        raise NotImplementedError
 
     def attention_output(self, layer: DecoderLayer, hidden: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
         """The layer's output [T, hidden] from its input and the attention [T, H, D]."""
-        return self.post_attention(hidden, attn, layer.o_proj, layer.post_attention_norm, layer.gate_up,
-                                   layer.down_proj, layer.eps)
+        raise NotImplementedError
 
     def logits(self, model: CausalLM, hidden: torch.Tensor) -> torch.Tensor:
         """float32 logits of the final hidden states' rows."""
@@ -157,6 +141,35 @@ class LayerStages:
         if isinstance(head, SubsetLMHead):
             return head.greedy_ids(head.subset_logits(rms_norm(hidden, model.norm, model.eps)).float())
         return self.logits(model, hidden).argmax(-1)
+
+
+@dataclass
+class LayerStages(Stages):
+    """The stages in PyTorch (CPU), or torch.compile'd on GPU (`compiled`: it fuses the norms, rotary,
+    residuals and activation)."""
+
+    pre_attention: Callable = pre_attention
+    post_attention: Callable = post_attention
+
+    def compiled(self) -> LayerStages:
+        # dynamic: one graph serves every token count (bucket sizes and prefill chunks). Every model of
+        # the process shares the two functions' compile caches, and each model configuration (shape,
+        # linear kind, dtype) adds about two entries (one token, and any count): past dynamo's default
+        # limit of 8 a fifth model, a draft service's named drafts or live swaps, would fail to compile.
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, COMPILED_ENTRIES)
+        return LayerStages(torch.compile(pre_attention, dynamic=True, fullgraph=True),
+                           torch.compile(post_attention, dynamic=True, fullgraph=True))
+
+    def attention_inputs(self, layer: DecoderLayer, hidden: torch.Tensor, rotary: Rotary,
+                         k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> torch.Tensor:
+        cos, sin = rotary.rows()
+        q, k, v = self.pre_attention(hidden, layer.input_norm, layer.qkv, cos, sin, layer.shape, layer.eps)
+        write_kv(k, v, k_cache, v_cache, slot_mapping)
+        return q
+
+    def attention_output(self, layer: DecoderLayer, hidden: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        return self.post_attention(hidden, attn, layer.o_proj, layer.post_attention_norm, layer.gate_up,
+                                   layer.down_proj, layer.eps)
 
 
 class DecoderLayer(nn.Module):
@@ -179,7 +192,7 @@ class DecoderLayer(nn.Module):
         v_cache: torch.Tensor,
         batch: ForwardBatch,
         attention: AttentionFn,
-        stages: LayerStages,
+        stages: Stages,
     ) -> torch.Tensor:
         return stages.forward_layer(self, hidden, rotary, k_cache, v_cache, batch, attention)
 
@@ -206,7 +219,7 @@ class CausalLM(nn.Module):
         cos, sin = _rope_tables(inner.rotary_emb, max_positions, self.embed_tokens.weight)
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
-        self.stages = LayerStages()
+        self.stages: Stages = LayerStages()
 
     def compile_stages(self) -> None:
         """Fuses each layer's norms, rotary, residuals and activation with torch.compile (GPU)."""
