@@ -41,9 +41,11 @@ async def start_draft_server(
 
 
 def _engine_sources(drafts: DraftRegistry) -> list[EngineSource]:
-    """Every loaded draft, read at scrape time (the n-gram drafter has no runner)."""
+    """Every loaded draft, read at scrape time (the n-gram drafter has no runner); its model info says whether
+    requests without a draft name get it."""
     return [EngineSource({"draft": d.name}, d.drafter.stats(), d.drafter.description,
-                         getattr(d.drafter, "runner", None)) for d in drafts.list()]
+                         getattr(d.drafter, "runner", None), {"default": str(d.is_default).lower()})
+            for d in drafts.list()]
 
 
 async def _start(args: argparse.Namespace, config: RuntimeConfig) -> RunningServer:

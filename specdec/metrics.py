@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import (GC_COLLECTOR, PLATFORM_COLLECTOR, PROCESS_COLLECTOR, CollectorRegistry, Histogram,
@@ -50,6 +50,7 @@ class EngineSource:
     stats: dict[str, int]  # keys as in ENGINE_STATS, plus num_kv_blocks_total / kv_block_size
     description: ModelDescription
     runner: ModelRunner | None = None  # for CUDA-graph hits and misses
+    info: dict[str, str] = field(default_factory=dict)  # more of specdec_engine_model_info (a draft's `default`)
 
 
 class EngineCollector(Collector):
@@ -96,7 +97,7 @@ class EngineCollector(Collector):
                 graphs.add_metric([*values, "miss"], source.runner.num_eager_steps)
             d = source.description
             info.add_metric(values, {"role": self._role, "model_id": d.model_id, "architecture": d.architecture,
-                                     "max_model_len": str(d.max_model_len)})
+                                     "max_model_len": str(d.max_model_len), **source.info})
         yield from families.values()
         yield info
 

@@ -6,10 +6,13 @@ import time
 
 import grpc
 import pytest
-from harness import generate
+from harness import channel, generate
 
+from draft_service.registry import DraftRegistry
+from draft_service.server import start_draft_server
+from engine.ngram_drafter import NgramDrafter
 from specdec.request_id import REQUEST_ID_KEY, RequestIdFilter
-from specdec.v1 import gateway_pb2
+from specdec.v1 import draft_pb2, draft_pb2_grpc, gateway_pb2
 
 PROMPTS = ["The quick brown fox", "def add(a, b):\n    return", "Große Straße", "x y z"]
 
@@ -126,9 +129,27 @@ def test_draft_metrics_follow_each_loaded_draft(observed_draft, observed_stub, s
     assert after.value("specdec_engine_kv_blocks_used", draft="perturbed") == 0
     assert after.value("specdec_engine_cuda_graph_steps_total", draft="perturbed", result="miss") > 0
     (info,) = after.labelled("specdec_engine_model_info")
-    assert info["role"] == "draft" and info["draft"] == "perturbed"
+    assert info["role"] == "draft" and info["draft"] == "perturbed" and info["default"] == "true"
     proposes = after.by_label("specdec_engine_forward_seconds_count", "phase")
     assert proposes.get("propose", 0) + proposes.get("mixed", 0) > 0  # the per-forward histograms move too
+
+
+def test_draft_model_info_follows_the_default_draft(loop, scrape):
+    drafts = DraftRegistry.of(NgramDrafter(), name="first")
+    drafts.add("second", NgramDrafter())
+    server = loop.run(start_draft_server(drafts, metrics_port=0, admin_token="secret"))
+
+    def defaults() -> dict[str, str]:
+        return {info["draft"]: info["default"] for info in scrape(server.metrics_port).labelled("specdec_engine_model_info")}
+
+    try:
+        assert defaults() == {"first": "true", "second": "false"}
+        with channel(server.port) as c:
+            draft_pb2_grpc.DraftServiceStub(c).SetDefaultDraft(draft_pb2.SetDefaultDraftRequest(name="second"),
+                                                               metadata=(("authorization", "Bearer secret"),))
+        assert defaults() == {"first": "false", "second": "true"}
+    finally:
+        loop.run(server.stop())
 
 
 class _Records(logging.Handler):
