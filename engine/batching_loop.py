@@ -6,6 +6,7 @@ between iterations (continuous batching at the granularity of one engine step).
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -13,7 +14,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
-from engine.gpu_work import GpuWork, run_polling, run_to_end
+from engine.gpu_work import GpuWork, OnAnswered, run_polling, run_to_end
 from specdec.errors import ServiceUnavailableError
 
 J = TypeVar("J")
@@ -21,7 +22,8 @@ R = TypeVar("R")
 
 # process(jobs) returns one result per job: an Exception fails only that job, None means the
 # job is unfinished (e.g. a prefill chunk) and runs again in the next iteration. It may be a generator
-# (engine/gpu_work.py) that yields what its read backs wait for and returns the results.
+# (engine/gpu_work.py) that yields what its read backs wait for and returns the results, and may yield
+# the results of jobs it has finished before its other forwards (gpu_work.Answered): those are answered at once.
 ProcessFn = Callable[[list[J]], "list[R | Exception | None] | GpuWork[list[R | Exception | None]]"]
 MIXED_PHASE = "mixed"  # a batch whose jobs are of different phases (e.g. verifies and a prefill chunk)
 
@@ -216,9 +218,12 @@ class BatchingLoop(Generic[J, R]):
                     self._running = True
                     try:
                         if self._inline is not None:
-                            results, duration_ns = await self._polled_process(jobs)
+                            results, duration_ns = await self._polled_process(
+                                jobs, functools.partial(self._answer_early, batch))
                         else:
-                            results, duration_ns = await loop.run_in_executor(self.executor, self._timed_process, jobs)
+                            results, duration_ns = await loop.run_in_executor(
+                                self.executor, self._timed_process, jobs,
+                                functools.partial(loop.call_soon_threadsafe, self._answer_early, batch))
                     except Exception as e:  # a bug in process: fail this batch, keep serving
                         results = [e] * len(batch)
                     else:
@@ -239,12 +244,12 @@ class BatchingLoop(Generic[J, R]):
         self._ran(jobs, duration_ns)
         return results
 
-    async def _polled_process(self, jobs: list[J]) -> tuple[list[R | Exception | None], int]:
+    async def _polled_process(self, jobs: list[J], on_answered: OnAnswered) -> tuple[list[R | Exception | None], int]:
         """Runs a batch on the event loop's thread, the loop serving other callbacks while its GPU work runs."""
         start = time.perf_counter_ns()
         with self._inline():
             work = self._process(jobs)
-        results = await run_polling(work, self._inline)
+        results = await run_polling(work, self._inline, on_answered)
         return results, time.perf_counter_ns() - start
 
     def _run_deferred(self) -> None:
@@ -257,12 +262,23 @@ class BatchingLoop(Generic[J, R]):
         if self.observer is not None:
             self._observe(jobs, duration_ns)
 
+    def _answer_early(self, batch: list[tuple[J, asyncio.Future[R], asyncio.Task]], results: dict[int, R]) -> None:
+        """Answers jobs of the batch in flight that its process has finished (engine/gpu_work.Answered): their
+        callers go on (a request's first token streams, its next step is sent) while the batch's other forwards
+        run. `_answer` then passes over them."""
+        now = asyncio.get_running_loop().time()
+        for i, result in results.items():
+            _, future, caller = batch[i]
+            if not future.done():
+                future.set_result(result)
+                self._callers.answered(caller, now)
+
     def _answer(self, batch: list[tuple[J, asyncio.Future[R], asyncio.Task]],
                 results: list[R | Exception | None]) -> None:
         unfinished = []
         now = asyncio.get_running_loop().time()
         for (job, future, caller), result in zip(batch, results):
-            if future.done():  # the request was cancelled meanwhile
+            if future.done():  # answered early, or the request was cancelled meanwhile
                 continue
             if result is None:
                 unfinished.append((job, future, caller))
@@ -300,9 +316,10 @@ class BatchingLoop(Generic[J, R]):
         self._wakeup.clear()
         return True
 
-    def _timed_process(self, jobs: list[J]) -> tuple[list[R | Exception | None], int]:
+    def _timed_process(self, jobs: list[J], on_answered: OnAnswered | None = None
+                       ) -> tuple[list[R | Exception | None], int]:
         start = time.perf_counter_ns()
-        results = run_to_end(self._process(jobs))
+        results = run_to_end(self._process(jobs), on_answered)
         return results, time.perf_counter_ns() - start
 
     def _observe(self, jobs: list[J], duration_ns: int) -> None:

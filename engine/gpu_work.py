@@ -13,13 +13,18 @@ one place while its caller chooses how to wait:
 
 The code after a yield must itself wait for what it reads (e.g. `Ready.synchronize()`, a no-op once
 the event has completed): `run_to_end` resumes it at once.
+
+Work of several forwards may also yield an `Answered` between them: the results of jobs it has finished
+(by their index), which the caller may hand out at once (`on_answered`) instead of with the rest at the
+end; the work still returns every result.
 """
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Generator
 from contextlib import AbstractContextManager
-from typing import Protocol, TypeVar
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
 
 T = TypeVar("T")
 
@@ -32,21 +37,30 @@ class Ready(Protocol):
     def synchronize(self) -> None: ...
 
 
-GpuWork = Generator["Ready | None", None, T]
+@dataclass(frozen=True)
+class Answered:
+    """Results of some of the work's jobs, final before the work ends: job index -> result."""
+
+    results: dict[int, Any]
 
 
-def run_to_end(work: GpuWork[T] | T) -> T:
+GpuWork = Generator["Ready | Answered | None", None, T]
+OnAnswered = Callable[[dict[int, Any]], None]
+
+
+def run_to_end(work: GpuWork[T] | T, on_answered: OnAnswered | None = None) -> T:
     """Runs `work` through, its read backs waiting for the device; a plain value is returned as is."""
     if not isinstance(work, Generator):
         return work
     try:
         while True:
-            next(work)
+            _hand_out(next(work), on_answered)
     except StopIteration as stop:
         return stop.value
 
 
-async def run_polling(work: GpuWork[T] | T, context: Callable[[], AbstractContextManager]) -> T:
+async def run_polling(work: GpuWork[T] | T, context: Callable[[], AbstractContextManager],
+                      on_answered: OnAnswered | None = None) -> T:
     """Runs `work`, each part inside `context()` (e.g. ModelRunner.on_calling_thread: other work on this
     thread may have switched the CUDA stream meanwhile), yielding to the event loop until each `Ready` it
     waits for has completed."""
@@ -56,7 +70,18 @@ async def run_polling(work: GpuWork[T] | T, context: Callable[[], AbstractContex
         while True:
             with context():
                 ready = work.send(None)
+            if _hand_out(ready, on_answered):
+                continue
             while ready is not None and not ready.query():
                 await asyncio.sleep(0)
     except StopIteration as stop:
         return stop.value
+
+
+def _hand_out(step: Ready | Answered | None, on_answered: OnAnswered | None) -> bool:
+    """Whether `step` was an Answered (given to `on_answered`, if any) rather than something to wait for."""
+    if not isinstance(step, Answered):
+        return False
+    if on_answered is not None:
+        on_answered(step.results)
+    return True

@@ -7,7 +7,8 @@ Each engine iteration runs one forward over every ready job: verifies first (the
 latency-bound), then prefill chunks up to the iteration's token budget, so a long prompt is
 prefilled over several iterations while other requests keep verifying. A batch-invariant runner
 (fused kernels) splits the iteration into its forward groups instead: the verifies together, each
-prefill chunk alone, so no token's logits depend on which other requests were running.
+prefill chunk alone, so no token's logits depend on which other requests were running; each forward's
+results are answered as soon as it is read back, not once the iteration's last forward is.
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import torch
 
 from engine.batch import StepInput
 from engine.batching_loop import BatchingLoop, ForwardObserver
-from engine.gpu_work import GpuWork
+from engine.gpu_work import Answered, GpuWork
 from engine.kv_cache import KVAdmission, SequenceKV
 from engine.limits import check_new_sequence, check_verify
 from engine.model_runner import ModelRunner
@@ -161,7 +162,10 @@ class TargetEngine:
 
     def _process(self, jobs: list[_Job]) -> GpuWork[list[_Outcome | Exception | None]]:
         """The verifies, then prefill chunks within the budget, in the runner's forwards; yields before each
-        forward's read back (engine/gpu_work.py: the batching loop may serve others while the GPU works).
+        forward's read back (engine/gpu_work.py: the batching loop may serve others while the GPU works), and
+        after each forward but the last the results it finished: a batch-invariant runner's iteration is a
+        forward for the verifies, then one for each prefill chunk, and a request need not wait for the
+        others' chunks (the first tokens of a burst of 8 prompts: the first after one prefill, not all 8).
 
         A prefill whose prompt is not finished by this iteration's chunk returns None (run again).
         Batch-invariant runners (ModelRunner.forward_groups) get prefill chunks cut at multiples of the
@@ -183,7 +187,8 @@ class TargetEngine:
             budget -= len(step.token_ids)
             prefilling |= jobs[i].draft_ids is None
         entries = list(steps.items())  # (job index, step)
-        for group in self.runner.forward_groups([step for _, step in entries]):
+        groups = self.runner.forward_groups([step for _, step in entries])
+        for num_run, group in enumerate(groups, 1):
             chosen = [entries[g] for g in group]
             start = time.perf_counter_ns()
             # every row's argmax comes back in one copy for all (sampled sequences read their logits)
@@ -196,6 +201,8 @@ class TargetEngine:
             self.num_sequence_steps += len(group)
             for i, verification in committed.items():
                 results[i] = _Outcome(verification, timing)
+            if num_run < len(groups) and committed:  # answered now, not after the iteration's other forwards
+                yield Answered({i: results[i] for i in committed})
         return results
 
 

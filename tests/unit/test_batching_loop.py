@@ -11,6 +11,7 @@ from contextlib import contextmanager, nullcontext
 import pytest
 
 from engine.batching_loop import BatchingLoop, ReturningCallers
+from engine.gpu_work import Answered
 from specdec.errors import ServiceUnavailableError
 
 NUM_STREAMS = 8
@@ -285,6 +286,57 @@ def test_with_several_streams_open_a_batch_runs_on_the_loop_which_serves_others_
     asyncio.run(main())
     assert events == ["launch [5]", "read [5]", "launch [0]", "other runs", "read [0]", "launch [1]", "read [1]"]
     assert recorder.threads == ["loop"] * 6 and ready.num_queries > 1
+
+
+@pytest.mark.parametrize("inline", [None, nullcontext], ids=["worker_thread", "polled_on_the_loop"])
+def test_jobs_a_batch_answers_early_are_answered_while_its_other_forwards_run(inline):
+    """A process of two forwards (a target iteration: the verifies, then a prefill chunk) that answers job 0
+    after the first (gpu_work.Answered): its caller has the answer and submits again before the second
+    forward ends; its next job runs in the next batch, and the batch's own result for job 0 is not given twice."""
+    first_answered = threading.Event()
+    ready = _Ready()
+    events: list[str] = []
+
+    def process(jobs: list[int]):
+        if jobs != [0, 1]:
+            return jobs
+        events.append("forward 1")
+        yield Answered({0: 0})
+        events.append("forward 2")
+        if inline is None:  # the worker thread: the loop's thread answers job 0 meanwhile
+            assert first_answered.wait(10)
+        else:
+            yield ready  # polled: the loop runs the other callers' tasks while the GPU works
+        events.append("batch ends")
+        return jobs
+
+    async def main() -> None:
+        loop: BatchingLoop[int, int] = BatchingLoop(process, max_batch_size=8, inline=inline)
+        loop.start()
+
+        async def early() -> None:
+            assert await loop.submit(0) == 0
+            events.append("0 answered")
+            first_answered.set()
+            ready.done = True
+            assert await loop.submit(2) == 2  # the next step, in the next batch
+            events.append("2 answered")
+
+        async def late() -> None:
+            assert await loop.submit(1) == 1
+            events.append("1 answered")
+
+        await asyncio.gather(early(), late(), _stays_open_for(loop, 0.5))
+        await loop.stop()
+
+    asyncio.run(asyncio.wait_for(main(), 20))  # answered only at the batch's end, the batch would never end
+    assert events.index("0 answered") < events.index("batch ends") < events.index("1 answered")
+    assert events.index("1 answered") < events.index("2 answered") and events.count("0 answered") == 1
+
+
+async def _stays_open_for(loop: BatchingLoop, seconds: float) -> None:
+    """A third stream, open a while (so the batches are not run inline as a lone caller's)."""
+    await asyncio.sleep(seconds)
 
 
 def test_a_request_alone_waits_for_its_gpu_work_in_place():
