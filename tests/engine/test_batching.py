@@ -224,3 +224,48 @@ def test_fused_engine_computes_a_request_alike_beside_another_prefill(model_dirs
         first, second = recorded[key]
         assert torch.equal(first, second), f"{key}: max |difference| {(first - second).abs().max()}"
     assert firsts[0] == firsts[1]
+
+
+def test_a_fused_engine_answers_each_request_once_its_own_forward_is_read_back(model_dirs):
+    """--layer-kernels fused: an iteration of a verify and three prompts' prefills is four forwards (the verify,
+    then each prompt alone: ModelRunner.forward_groups). Each request is answered once its own forward is read
+    back, not after the iteration's last: a burst's first prompt streams its first token after one prefill,
+    not after all of them, and a running request is not held up by the burst. The tokens are those of each
+    prompt prefilled alone."""
+    runner = ModelRunner(RuntimeConfig(model=str(model_dirs["target"]), kv_cache_tokens=2048, layer_kernels="fused",
+                                       attention_backend="triton"))
+    events: list[str] = []
+
+    class Iterations:
+        def observe_forward(self, phase: str, batch_size: int, duration_s: float) -> None:
+            events.append(f"{phase} iteration of {batch_size} ends")
+
+    prompts = [list(range(30 + 20 * i, 50 + 20 * i)) for i in range(3)]  # 20 tokens: a forward of its own each
+
+    async def main() -> tuple[list[int], list[int]]:
+        engine = TargetEngine(runner)
+        engine.observe_forwards(Iterations())
+        engine.start()
+        running, _, _ = await engine.prefill([5, 6, 7], 16)
+        events.clear()
+
+        async def verify() -> None:
+            await engine.verify(running, [1, 2])
+            events.append("verify answered")
+
+        async def prefill(i: int) -> int:
+            seq, first, _ = await engine.prefill(prompts[i], 4)
+            events.append(f"prompt {i} answered")
+            engine.release(seq)
+            return first
+
+        _, *burst = await asyncio.gather(verify(), *(prefill(i) for i in range(3)))
+        alone = [await prefill(i) for i in range(3)]
+        engine.release(running)
+        await engine.stop()
+        return burst, alone
+
+    burst, alone = asyncio.run(main())
+    assert events[:5] == ["verify answered", "prompt 0 answered", "prompt 1 answered", "mixed iteration of 4 ends",
+                          "prompt 2 answered"]
+    assert burst == alone
