@@ -27,16 +27,18 @@ class Completion:
 
 
 def build_request(prompt: str, chat: bool, max_new_tokens: int | None, num_draft_tokens: int | None,
-                  stop: list[str]) -> gateway_pb2.GenerateRequest:
-    request = gateway_pb2.GenerateRequest(stop=stop)
+                  stop: list[str], draft_model: str | None = None, temperature: float = 0.0,
+                  seed: int | None = None) -> gateway_pb2.GenerateRequest:
+    """A Generate request; None leaves a field unset (the gateway's default: its default draft, its k)."""
+    request = gateway_pb2.GenerateRequest(stop=stop, temperature=temperature)
     if chat:
         request.chat.messages.add(role="user", content=prompt)
     else:
         request.prompt = prompt
-    if max_new_tokens is not None:
-        request.max_new_tokens = max_new_tokens
-    if num_draft_tokens is not None:
-        request.num_draft_tokens = num_draft_tokens
+    for name, value in (("max_new_tokens", max_new_tokens), ("num_draft_tokens", num_draft_tokens),
+                        ("draft_model", draft_model), ("seed", seed)):
+        if value is not None:
+            setattr(request, name, value)
     return request
 
 
@@ -83,12 +85,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-new-tokens", type=int)
     parser.add_argument("-k", "--num-draft-tokens", type=int, help="draft tokens per step; 0 = no speculation")
     parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    parser.add_argument("--draft-model", help="the draft service's draft of this name (default: its default draft)")
+    parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy (the default)")
+    parser.add_argument("--seed", type=int, help="with --temperature: the same seed, the same output")
     parser.add_argument("--json", action="store_true", help="one JSON object per chunk on stdout")
     parser.add_argument("--request-id", help="sent as x-request-id; the services' logs carry it")
     add_client_tls_args(parser, "SPECDEC_CLIENT", flag="tls", peer="the gateway", us="this client")
     args = parser.parse_args(argv)
     tls = client_tls_config(args, flag="tls")
-    request = build_request(args.prompt, args.chat, args.max_new_tokens, args.num_draft_tokens, args.stop)
+    request = build_request(args.prompt, args.chat, args.max_new_tokens, args.num_draft_tokens, args.stop,
+                            args.draft_model, args.temperature, args.seed)
 
     def show(chunk: gateway_pb2.GenerateResponse) -> None:
         if args.json:
