@@ -262,16 +262,12 @@ class BatchingLoop(Generic[J, R]):
         if self.observer is not None:
             self._observe(jobs, duration_ns)
 
-    def _answer_early(self, batch: list[tuple[J, asyncio.Future[R], asyncio.Task]], results: dict[int, R]) -> None:
+    def _answer_early(self, batch: list[tuple[J, asyncio.Future[R], asyncio.Task]],
+                      results: dict[int, R | Exception]) -> None:
         """Answers jobs of the batch in flight that its process has finished (engine/gpu_work.Answered): their
         callers go on (a request's first token streams, its next step is sent) while the batch's other forwards
-        run. `_answer` then passes over them."""
-        now = asyncio.get_running_loop().time()
-        for i, result in results.items():
-            _, future, caller = batch[i]
-            if not future.done():
-                future.set_result(result)
-                self._callers.answered(caller, now)
+        run. The batch's own `_answer` then passes over them."""
+        self._answer([batch[i] for i in results], list(results.values()))
 
     def _answer(self, batch: list[tuple[J, asyncio.Future[R], asyncio.Task]],
                 results: list[R | Exception | None]) -> None:
