@@ -189,6 +189,8 @@ class DraftRegistry:
     def set_default(self, name: str) -> None:
         """Makes the loaded draft `name` the default: new sequences without a name get it (running ones stay on
         theirs). A load with make_default that lands later takes the default from it, as loads order themselves."""
+        if not name:
+            raise InvalidRequestError(f"name is empty; give a loaded draft's: {', '.join(sorted(self._entries))}")
         if name not in self._entries:
             raise self._not_loaded(name)
         self._default = name

@@ -208,6 +208,7 @@ def test_set_default_switches_new_requests_without_a_load_and_frees_the_old_defa
 
 @pytest.mark.parametrize("name, metadata, code, detail", [
     ("missing", AUTH, grpc.StatusCode.NOT_FOUND, "no draft model named 'missing' is loaded; loaded: first"),
+    ("", AUTH, grpc.StatusCode.INVALID_ARGUMENT, "name is empty; give a loaded draft's: first"),
     ("first", (), grpc.StatusCode.PERMISSION_DENIED, "missing or wrong admin token"),
 ])
 def test_refused_set_default_leaves_the_default_as_it_was(swap_trio, name, metadata, code, detail):
