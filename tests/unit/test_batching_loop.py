@@ -326,17 +326,12 @@ def test_jobs_a_batch_answers_early_are_answered_while_its_other_forwards_run(in
             assert await loop.submit(1) == 1
             events.append("1 answered")
 
-        await asyncio.gather(early(), late(), _stays_open_for(loop, 0.5))
+        await asyncio.gather(early(), late())  # two callers: their batches are not run inline as a lone one's
         await loop.stop()
 
     asyncio.run(asyncio.wait_for(main(), 20))  # answered only at the batch's end, the batch would never end
     assert events.index("0 answered") < events.index("batch ends") < events.index("1 answered")
     assert events.index("1 answered") < events.index("2 answered") and events.count("0 answered") == 1
-
-
-async def _stays_open_for(loop: BatchingLoop, seconds: float) -> None:
-    """A third stream, open a while (so the batches are not run inline as a lone caller's)."""
-    await asyncio.sleep(seconds)
 
 
 def test_a_request_alone_waits_for_its_gpu_work_in_place():
