@@ -68,7 +68,12 @@ RUN pip install --no-deps /app
 
 USER specdec
 WORKDIR /home/specdec
-RUN if [ "$SPECDEC_PRECONVERT_DEFAULT_MODEL" = 1 ]; then python /app/deploy/preconvert_default_model.py; fi
+# Importing transformers creates $TORCHINDUCTOR_CACHE_DIR; the volume mount points stay empty in the image:
+# Docker copies an image's files into a new named volume at each container's first mount, and the target
+# and draft containers, started together on one new compile-cache volume, race on that copy ("mkdir
+# .../_data/inductor: file exists").
+RUN if [ "$SPECDEC_PRECONVERT_DEFAULT_MODEL" = 1 ]; then python /app/deploy/preconvert_default_model.py; fi \
+    && rm -rf /cache/huggingface/* /cache/compile/*
 
 # gateway (the public port), target, draft
 EXPOSE 50051 50052 50053

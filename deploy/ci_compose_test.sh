@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The compose deployment, tested for real on a CPU-only CI machine (as root; reaches only Debian's
-# archive and PyPI): a private Docker engine, the local base image, the project image, then
+# archive and PyPI): a private Docker engine, the local base image, the project image (its volume mount
+# points checked empty), then
 #   1. docker compose up --wait (one replica each): greedy Generate through the published gateway
 #      port gives the same tokens as the target alone (num_draft_tokens=0);
 #   2. docker compose up --wait --scale draft=2 --scale target=2 (the gateway keeps running):
@@ -68,6 +69,9 @@ step "project image (docker compose build; torch from the local CPU wheel)"
 ls "$WHEEL_DIR"/*.whl
 docker compose build --quiet target   # gateway and draft run the same image (specdec:latest)
 docker image ls specdec
+echo "--- the volumes' mount points are empty in the image (two containers' first mounts of one new volume race on copying its files) ---"
+leftover=$(docker run --rm --entrypoint sh specdec:latest -c 'ls -A /cache/huggingface /cache/compile | grep -v -e "^/" -e "^$" || true')
+[ -z "$leftover" ] || { echo "files under the image's volume mount points: $leftover"; exit 1; }
 
 step "docker compose up --wait (one replica each)"
 docker compose up -d --wait --wait-timeout 600
