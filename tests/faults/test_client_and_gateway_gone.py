@@ -47,7 +47,13 @@ def test_client_cancel_frees_kv_on_both_services(cluster, cluster_gateway):
 
 
 def test_client_deadline_frees_kv_on_both_services(cluster, cluster_gateway):
-    call = cluster_gateway.Generate(gateway_pb2.GenerateRequest(**REQUEST), timeout=1.0)
+    # The deadline falls mid-stream on any device: what its first third takes here (greedy, so the same tokens
+    # every run). A fixed 1 s was past the end on a GPU, where the whole request can take less.
+    start = time.monotonic()
+    list(cluster_gateway.Generate(gateway_pb2.GenerateRequest(**{**REQUEST, "max_new_tokens": 500}), timeout=300))
+    third_s = time.monotonic() - start
+    cluster.wait_idle()
+    call = cluster_gateway.Generate(gateway_pb2.GenerateRequest(**REQUEST), timeout=third_s)
     next(call)
     _wait_holding(cluster)
     with pytest.raises(grpc.RpcError) as info:
