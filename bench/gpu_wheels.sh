@@ -10,5 +10,6 @@ cd "$(dirname "$0")/.."
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl \
   grpcio-health-checking==1.84.0 grpcio-reflection==1.84.0 uvicorn fastapi starlette pydantic pydantic-core \
-  annotated-types typing-inspection typing-extensions opentelemetry-api py-spy
+  annotated-types typing-inspection typing-extensions opentelemetry-api py-spy \
+  openai httpx2 httpcore2 truststore anyio sniffio jiter idna h11  # the OpenAI-compatible API's tests' client
 ls .whl
