@@ -48,7 +48,7 @@ def test_client_cancel_frees_kv_on_both_services(cluster, cluster_gateway):
 
 def test_client_deadline_frees_kv_on_both_services(cluster, cluster_gateway):
     # The deadline falls mid-stream on any device: what its first third takes here (greedy, so the same tokens
-    # every run). A fixed 1 s was past the end on a GPU, where the whole request can take less.
+    # every run). A fixed 1 s can be past the end on a GPU, where the whole request may take less.
     start = time.monotonic()
     list(cluster_gateway.Generate(gateway_pb2.GenerateRequest(**{**REQUEST, "max_new_tokens": 500}), timeout=300))
     third_s = time.monotonic() - start
