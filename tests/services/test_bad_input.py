@@ -157,8 +157,15 @@ def test_client_cancel_mid_stream_frees_all_kv(gateway_stub, target_stub, draft_
 
 
 def test_deadline_exceeded_mid_stream_frees_all_kv(gateway_stub, target_stub, draft_stub):
-    call = gateway_stub("perturbed").Generate(
-        gateway_pb2.GenerateRequest(prompt="The quick brown fox", max_new_tokens=230), timeout=0.05)
+    request = gateway_pb2.GenerateRequest(prompt="The quick brown fox", max_new_tokens=230)
+    # the deadline a third of the way in on any device: what the first 77 tokens take here (greedy: the same
+    # tokens every run)
+    start = time.monotonic()
+    assert len(generate(gateway_stub("perturbed"), prompt=request.prompt, max_new_tokens=77)[0]) == 77
+    third_s = time.monotonic() - start
+    _wait_until_idle(target_stub, draft_stub("perturbed"))
+    call = gateway_stub("perturbed").Generate(request, timeout=third_s)
+    assert next(call).token_ids  # streaming when the deadline passes
     with pytest.raises(grpc.RpcError) as info:
         list(call)
     assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
