@@ -7,6 +7,7 @@ import importlib.util
 import socket
 import sys
 import threading
+import time
 from collections.abc import Coroutine, Iterator
 from pathlib import Path
 from types import ModuleType
@@ -47,6 +48,16 @@ def generate(stub: gateway_pb2_grpc.GatewayStub, **fields) -> tuple[list[int], s
     """Runs Generate to the end; returns (token ids, text, final chunk)."""
     completion = collect(stub.Generate(gateway_pb2.GenerateRequest(**fields), timeout=120))
     return completion.token_ids, completion.text, completion.final
+
+
+def mid_stream_deadline_s(stub: gateway_pb2_grpc.GatewayStub, **fields) -> float:
+    """What the first third of a greedy request takes on `stub`, run here to its end: a deadline for the whole
+    request that passes mid-stream on any device (greedy decoding gives the same tokens every run)."""
+    third = fields["max_new_tokens"] // 3
+    start = time.monotonic()
+    token_ids, _, _ = generate(stub, **{**fields, "max_new_tokens": third})
+    assert len(token_ids) == third, f"the request ended after {len(token_ids)} of {third} tokens"
+    return time.monotonic() - start
 
 
 def start_streaming(stub: gateway_pb2_grpc.GatewayStub, min_tokens: int = 20, **fields) -> tuple[Any, list[int]]:

@@ -8,7 +8,7 @@ import time
 
 import grpc
 import pytest
-from harness import generate
+from harness import generate, mid_stream_deadline_s
 
 from specdec.processes import Replica
 from specdec.v1 import gateway_pb2, gateway_pb2_grpc
@@ -47,13 +47,10 @@ def test_client_cancel_frees_kv_on_both_services(cluster, cluster_gateway):
 
 
 def test_client_deadline_frees_kv_on_both_services(cluster, cluster_gateway):
-    # The deadline falls mid-stream on any device: what its first third takes here (greedy, so the same tokens
-    # every run). A fixed 1 s can be past the end on a GPU, where the whole request may take less.
-    start = time.monotonic()
-    list(cluster_gateway.Generate(gateway_pb2.GenerateRequest(**{**REQUEST, "max_new_tokens": 500}), timeout=300))
-    third_s = time.monotonic() - start
+    # not a fixed 1 s: on a GPU the whole request can end sooner
+    deadline_s = mid_stream_deadline_s(cluster_gateway, **REQUEST)
     cluster.wait_idle()
-    call = cluster_gateway.Generate(gateway_pb2.GenerateRequest(**REQUEST), timeout=third_s)
+    call = cluster_gateway.Generate(gateway_pb2.GenerateRequest(**REQUEST), timeout=deadline_s)
     next(call)
     _wait_holding(cluster)
     with pytest.raises(grpc.RpcError) as info:

@@ -7,7 +7,7 @@ import time
 import grpc
 import pytest
 
-from harness import generate, kv_blocks_used
+from harness import generate, kv_blocks_used, mid_stream_deadline_s
 
 from engine.limits import MAX_VERIFY_DRAFT_TOKENS
 from specdec.v1 import common_pb2, draft_pb2, gateway_pb2, target_pb2
@@ -157,14 +157,10 @@ def test_client_cancel_mid_stream_frees_all_kv(gateway_stub, target_stub, draft_
 
 
 def test_deadline_exceeded_mid_stream_frees_all_kv(gateway_stub, target_stub, draft_stub):
-    request = gateway_pb2.GenerateRequest(prompt="The quick brown fox", max_new_tokens=230)
-    # the deadline a third of the way in on any device: what the first 77 tokens take here (greedy: the same
-    # tokens every run)
-    start = time.monotonic()
-    assert len(generate(gateway_stub("perturbed"), prompt=request.prompt, max_new_tokens=77)[0]) == 77
-    third_s = time.monotonic() - start
+    request = {"prompt": "The quick brown fox", "max_new_tokens": 230}
+    deadline_s = mid_stream_deadline_s(gateway_stub("perturbed"), **request)
     _wait_until_idle(target_stub, draft_stub("perturbed"))
-    call = gateway_stub("perturbed").Generate(request, timeout=third_s)
+    call = gateway_stub("perturbed").Generate(gateway_pb2.GenerateRequest(**request), timeout=deadline_s)
     assert next(call).token_ids  # streaming when the deadline passes
     with pytest.raises(grpc.RpcError) as info:
         list(call)
