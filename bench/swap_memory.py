@@ -4,7 +4,7 @@ the machine's default device), the draft's default swapped back and forth betwee
 After every swap it records the draft process's resident memory (VmRSS) and, on a GPU, the GPU memory
 nvidia-smi charges to it, so a leak shows as a line that keeps rising and warm-up as one that levels off.
 
-Writes bench/results/swap_memory.json (metrics: rss_mb_by_swap, gpu_mib_by_swap, rss_mb_growth_last_half,
+Writes bench/results/swap_memory.json (metrics: rss_mb_by_swap, gpu_mib_by_swap, threads_by_swap, rss_mb_growth_last_half,
 gpu_mib_growth_last_half, swaps, requests).
 Usage: python bench/swap_memory.py [--swaps 24] [--out bench/results/swap_memory.json]
 """
@@ -50,6 +50,10 @@ def gpu_mib(pid: int) -> float | None:
     return None
 
 
+def num_threads(pid: int) -> int:
+    return len(list(Path(f"/proc/{pid}/task").iterdir()))
+
+
 def swap(draft: Replica, model: Path) -> None:
     request = draft_pb2.LoadDraftRequest(name="default", model=str(model), make_default=True, replace=True)
     with grpc.insecure_channel(draft.address) as channel:
@@ -79,7 +83,7 @@ def run(workdir: Path, swaps: int) -> dict:
     draft = Replica("draft", "draft_service", ["--drafter", "model", "--model", str(drafts[0]),
                                                "--kv-cache-tokens", "8192", "--admin-token", ADMIN_TOKEN], workdir)
     gateway = Replica("gateway", "gateway", [], workdir)
-    rss, gpu = [], []
+    rss, gpu, threads = [], [], []
     try:
         target.spawn()
         draft.spawn()
@@ -96,12 +100,14 @@ def run(workdir: Path, swaps: int) -> dict:
                 burst(stub, pool)
                 rss.append(round(_rss_mb(draft.process.pid), 1))
                 gpu.append(gpu_mib(draft.process.pid))
-                print(f"swap {i + 1}/{swaps}: draft RSS {rss[-1]:.1f} MB, GPU {gpu[-1]} MiB "
+                threads.append(num_threads(draft.process.pid))
+                print(f"swap {i + 1}/{swaps}: draft RSS {rss[-1]:.1f} MB, GPU {gpu[-1]} MiB, {threads[-1]} threads "
                       f"({time.monotonic() - started:.1f} s)", flush=True)
     finally:
         for replica in (gateway, draft, target):
             replica.stop()
-    return {"rss_mb_by_swap": rss, "gpu_mib_by_swap": gpu, "rss_mb_growth_last_half": growth(rss),
+    return {"rss_mb_by_swap": rss, "gpu_mib_by_swap": gpu, "threads_by_swap": threads,
+            "rss_mb_growth_last_half": growth(rss),
             "gpu_mib_growth_last_half": growth(gpu), "swaps": swaps, "requests": REQUESTS_PER_SWAP * (swaps + 1)}
 
 
