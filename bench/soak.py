@@ -24,8 +24,8 @@ At the end every KV pool must be empty and memory flat.
 
 Writes bench/results/soak.json (metrics: requests_completed, wrong_outputs, unexpected_errors,
 leaked_kv_blocks, ttft_p50_ms, ttft_p99_ms, rss_mb_before, rss_mb_after, completed_by_kind,
-draft_swaps, graceful_drain_s, max_waiting_sequences, examples (the first wrong outputs, and samples a restart
-changed), ...). The request mix is bench/soak_clients.py.
+draft_swaps, graceful_drain_s, max_waiting_sequences, rss_mb_timeline (the never-restarted replicas, about
+once a second), examples (the first wrong outputs, and samples a restart changed), ...). The request mix is bench/soak_clients.py.
 Usage: python bench/soak.py [--duration-s 120] [--streams 32] [--target-kv-tokens 1024]
                             [--out bench/results/soak.json]
 """
@@ -56,6 +56,7 @@ from specdec.v1 import draft_pb2, draft_pb2_grpc, gateway_pb2_grpc  # noqa: E402
 
 ADMIN_TOKEN = "soak-admin"
 SWAPS_PER_RUN = 8
+SURVIVORS = ("gateway", "target1", "draft1")  # the replicas never restarted: their memory is compared
 
 
 class SoakCluster:
@@ -139,9 +140,10 @@ class SoakCluster:
                 return used
             time.sleep(0.2)
 
-    def rss_mb(self) -> dict[str, float]:
-        replicas = [*self.model_replicas, self.gateway]
-        return {r.name: _rss_mb(r.process.pid) for r in replicas}
+    def rss_mb(self, names: tuple[str, ...] = ()) -> dict[str, float]:
+        """Resident memory by replica name: `names`', or every replica's."""
+        replicas = [r for r in [*self.model_replicas, self.gateway] if not names or r.name in names]
+        return {r.name: round(_rss_mb(r.process.pid), 1) for r in replicas}
 
     def stop(self) -> None:
         for replica in [self.gateway, *self.model_replicas]:
@@ -167,7 +169,7 @@ def run_soak(workdir: Path, duration_s: float, num_streams: int, target_kv_token
     drafts = (build_model_dir(workdir / "draft", tokenizer, seed=1, perturb_from=target_dir, perturb_scale=0.05),
               build_model_dir(workdir / "draft2", tokenizer, seed=2, perturb_from=target_dir, perturb_scale=0.2))
     cluster = SoakCluster(workdir, target_dir, drafts[0], target_kv_tokens)
-    disturbances, swaps = Disturbances(), Counter()
+    disturbances, swaps, rss_timeline = Disturbances(), Counter(), []
     try:
         address = cluster.start()
         with grpc.insecure_channel(address) as channel:
@@ -183,7 +185,7 @@ def run_soak(workdir: Path, duration_s: float, num_streams: int, target_kv_token
             swaps.update(cluster.swap_default_draft("alt", str(drafts[1])))
             time.sleep(min(10.0, duration_s / 6))
             rss_before = cluster.rss_mb()
-            max_waiting, drained_s = _disturb(cluster, duration_s, drafts, disturbances, swaps)
+            max_waiting, drained_s = _disturb(cluster, duration_s, drafts, disturbances, swaps, rss_timeline)
             stop.set()
             for t in threads:
                 t.join(300)
@@ -191,7 +193,6 @@ def run_soak(workdir: Path, duration_s: float, num_streams: int, target_kv_token
         rss_after = cluster.rss_mb()
     finally:
         cluster.stop()
-    survivors = ["gateway", "target1", "draft1"]  # restarted replicas start fresh, so compare these
     return {
         "requests_completed": tally.completed.total(),
         "requests_cancelled": tally.cut_short["cancelled"],
@@ -211,8 +212,9 @@ def run_soak(workdir: Path, duration_s: float, num_streams: int, target_kv_token
         "ttft_p99_ms": percentile(tally.ttft_s, 0.99) * 1e3,
         "rss_mb_before": rss_before["gateway"],
         "rss_mb_after": rss_after["gateway"],
-        "rss_mb_before_by_process": {name: round(rss_before[name], 1) for name in survivors},
-        "rss_mb_after_by_process": {name: round(rss_after[name], 1) for name in survivors},
+        "rss_mb_before_by_process": {name: round(rss_before[name], 1) for name in SURVIVORS},
+        "rss_mb_after_by_process": {name: round(rss_after[name], 1) for name in SURVIVORS},
+        "rss_mb_timeline": rss_timeline,
         "examples": tally.examples,
         "duration_s": duration_s,
         "streams": num_streams,
@@ -221,19 +223,27 @@ def run_soak(workdir: Path, duration_s: float, num_streams: int, target_kv_token
 
 
 def _disturb(cluster: SoakCluster, duration_s: float, drafts: tuple[Path, Path], disturbances: Disturbances,
-             swaps: Counter) -> tuple[int, float]:
+             swaps: Counter, rss_timeline: list[dict]) -> tuple[int, float]:
     """The run's events: the default draft swapped SWAPS_PER_RUN times (to the first draft, reloaded, then
     to the other draft or the weightless n-gram drafter under its name), draft0 killed and restarted at
     1/3, target0 stopped gracefully and restarted at 1/2, killed and restarted at 2/3; returns the most
-    requests seen waiting for target KV room at once, and how long the graceful stop took."""
+    requests seen waiting for target KV room at once, and how long the graceful stop took. Appends the
+    surviving processes' memory to `rss_timeline` about once a second."""
     started, max_waiting, drained_s = time.monotonic(), 0, float("nan")
     kills = {duration_s / 3: cluster.drafts[0], 2 * duration_s / 3: cluster.targets[0]}
     graceful = {duration_s / 2: cluster.targets[0]}
     swap_times = [duration_s / SWAPS_PER_RUN * (i + 0.5) for i in range(SWAPS_PER_RUN)]
-    for at_s in sorted([*kills, *graceful, *swap_times]):
+
+    def wait_until(at_s: float) -> None:
+        nonlocal max_waiting
         while time.monotonic() < started + at_s:
             max_waiting = max(max_waiting, cluster.num_waiting())
+            if not rss_timeline or time.monotonic() - started >= rss_timeline[-1]["t_s"] + 1:
+                rss_timeline.append({"t_s": round(time.monotonic() - started, 1), **cluster.rss_mb(SURVIVORS)})
             time.sleep(0.25)
+
+    for at_s in sorted([*kills, *graceful, *swap_times]):
+        wait_until(at_s)
         if at_s in kills:
             print(f"soak: killing and restarting {kills[at_s].name} at {at_s:.0f} s", file=sys.stderr)
             cluster.restart(kills[at_s], disturbances)
@@ -245,9 +255,7 @@ def _disturb(cluster: SoakCluster, duration_s: float, drafts: tuple[Path, Path],
                            ("alt", NGRAM)][swap_times.index(at_s) % 4]
             print(f"soak: default draft -> {name} at {at_s:.0f} s", file=sys.stderr)
             swaps.update(cluster.swap_default_draft(name, str(model)))
-    while time.monotonic() < started + duration_s:
-        max_waiting = max(max_waiting, cluster.num_waiting())
-        time.sleep(0.25)
+    wait_until(duration_s)
     return max_waiting, drained_s
 
 
