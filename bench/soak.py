@@ -151,6 +151,24 @@ class SoakCluster:
                 replica.stop()
 
 
+class MemoryTimeline(threading.Thread):
+    """The never-restarted replicas' resident memory, about once a second until `stop`."""
+
+    def __init__(self, cluster: SoakCluster, period_s: float = 1.0) -> None:
+        super().__init__(daemon=True)
+        self.samples: list[dict[str, float]] = []
+        self._cluster, self._period_s, self._stopped = cluster, period_s, threading.Event()
+
+    def run(self) -> None:
+        started = time.monotonic()
+        while not self._stopped.wait(self._period_s):
+            self.samples.append({"t_s": round(time.monotonic() - started, 1), **self._cluster.rss_mb(SURVIVORS)})
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self.join()
+
+
 def _rss_mb(pid: int) -> float:
     """Resident memory of a process (Linux /proc)."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -169,7 +187,7 @@ def run_soak(workdir: Path, duration_s: float, num_streams: int, target_kv_token
     drafts = (build_model_dir(workdir / "draft", tokenizer, seed=1, perturb_from=target_dir, perturb_scale=0.05),
               build_model_dir(workdir / "draft2", tokenizer, seed=2, perturb_from=target_dir, perturb_scale=0.2))
     cluster = SoakCluster(workdir, target_dir, drafts[0], target_kv_tokens)
-    disturbances, swaps, rss_timeline = Disturbances(), Counter(), []
+    disturbances, swaps = Disturbances(), Counter()
     try:
         address = cluster.start()
         with grpc.insecure_channel(address) as channel:
@@ -180,12 +198,20 @@ def run_soak(workdir: Path, duration_s: float, num_streams: int, target_kv_token
             threads = [threading.Thread(target=c.run, args=(stop,)) for c in clients]
             for t in threads:
                 t.start()
-            # warm-up: allocator pools and caches fill, and the other draft is loaded (swaps then alternate
-            # the default between two resident drafts, so memory should stay flat)
+            # warm-up: allocator pools and caches fill; the other draft is loaded, then the default reloaded
+            # while requests still run on the one it replaces: three drafts resident at once, as during each
+            # later swap, so the draft processes reach their high-water mark before the baseline (on an H100
+            # the first swap after it added 115 MB to draft1, which then stayed flat through seven more)
             swaps.update(cluster.swap_default_draft("alt", str(drafts[1])))
+            swaps.update(cluster.swap_default_draft("default", str(drafts[0])))
             time.sleep(min(10.0, duration_s / 6))
             rss_before = cluster.rss_mb()
-            max_waiting, drained_s = _disturb(cluster, duration_s, drafts, disturbances, swaps, rss_timeline)
+            timeline = MemoryTimeline(cluster)
+            timeline.start()
+            try:
+                max_waiting, drained_s = _disturb(cluster, duration_s, drafts, disturbances, swaps)
+            finally:
+                timeline.stop()
             stop.set()
             for t in threads:
                 t.join(300)
@@ -214,7 +240,7 @@ def run_soak(workdir: Path, duration_s: float, num_streams: int, target_kv_token
         "rss_mb_after": rss_after["gateway"],
         "rss_mb_before_by_process": {name: round(rss_before[name], 1) for name in SURVIVORS},
         "rss_mb_after_by_process": {name: round(rss_after[name], 1) for name in SURVIVORS},
-        "rss_mb_timeline": rss_timeline,
+        "rss_mb_timeline": timeline.samples,
         "examples": tally.examples,
         "duration_s": duration_s,
         "streams": num_streams,
@@ -223,12 +249,11 @@ def run_soak(workdir: Path, duration_s: float, num_streams: int, target_kv_token
 
 
 def _disturb(cluster: SoakCluster, duration_s: float, drafts: tuple[Path, Path], disturbances: Disturbances,
-             swaps: Counter, rss_timeline: list[dict]) -> tuple[int, float]:
+             swaps: Counter) -> tuple[int, float]:
     """The run's events: the default draft swapped SWAPS_PER_RUN times (to the first draft, reloaded, then
     to the other draft or the weightless n-gram drafter under its name), draft0 killed and restarted at
     1/3, target0 stopped gracefully and restarted at 1/2, killed and restarted at 2/3; returns the most
-    requests seen waiting for target KV room at once, and how long the graceful stop took. Appends the
-    surviving processes' memory to `rss_timeline` about once a second."""
+    requests seen waiting for target KV room at once, and how long the graceful stop took."""
     started, max_waiting, drained_s = time.monotonic(), 0, float("nan")
     kills = {duration_s / 3: cluster.drafts[0], 2 * duration_s / 3: cluster.targets[0]}
     graceful = {duration_s / 2: cluster.targets[0]}
@@ -238,8 +263,6 @@ def _disturb(cluster: SoakCluster, duration_s: float, drafts: tuple[Path, Path],
         nonlocal max_waiting
         while time.monotonic() < started + at_s:
             max_waiting = max(max_waiting, cluster.num_waiting())
-            if not rss_timeline or time.monotonic() - started >= rss_timeline[-1]["t_s"] + 1:
-                rss_timeline.append({"t_s": round(time.monotonic() - started, 1), **cluster.rss_mb(SURVIVORS)})
             time.sleep(0.25)
 
     for at_s in sorted([*kills, *graceful, *swap_times]):
