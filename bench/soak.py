@@ -25,7 +25,8 @@ At the end every KV pool must be empty and memory flat.
 Writes bench/results/soak.json (metrics: requests_completed, wrong_outputs, unexpected_errors,
 leaked_kv_blocks, ttft_p50_ms, ttft_p99_ms, rss_mb_before, rss_mb_after, completed_by_kind,
 draft_swaps, graceful_drain_s, max_waiting_sequences, rss_mb_timeline (the never-restarted replicas, about
-once a second), examples (the first wrong outputs, and samples a restart changed), ...). The request mix is bench/soak_clients.py.
+once a second), examples (the first wrong outputs, and samples a restart changed), ...). The request mix is
+bench/soak_clients.py.
 Usage: python bench/soak.py [--duration-s 120] [--streams 32] [--target-kv-tokens 1024]
                             [--out bench/results/soak.json]
 """
@@ -141,9 +142,9 @@ class SoakCluster:
             time.sleep(0.2)
 
     def rss_mb(self, names: tuple[str, ...] = ()) -> dict[str, float]:
-        """Resident memory by replica name: `names`', or every replica's."""
+        """Resident memory (MB) by replica name: of `names`, or of every replica."""
         replicas = [r for r in [*self.model_replicas, self.gateway] if not names or r.name in names]
-        return {r.name: round(_rss_mb(r.process.pid), 1) for r in replicas}
+        return {r.name: round(process_rss_mb(r.process.pid), 1) for r in replicas}
 
     def stop(self) -> None:
         for replica in [self.gateway, *self.model_replicas]:
@@ -169,7 +170,7 @@ class MemoryTimeline(threading.Thread):
         self.join()
 
 
-def _rss_mb(pid: int) -> float:
+def process_rss_mb(pid: int) -> float:
     """Resident memory of a process (Linux /proc)."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):

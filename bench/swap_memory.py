@@ -4,8 +4,8 @@ the machine's default device), the draft's default swapped back and forth betwee
 After every swap it records the draft process's resident memory (VmRSS) and, on a GPU, the GPU memory
 nvidia-smi charges to it, so a leak shows as a line that keeps rising and warm-up as one that levels off.
 
-Writes bench/results/swap_memory.json (metrics: rss_mb_by_swap, gpu_mib_by_swap, threads_by_swap, rss_mb_growth_last_half,
-gpu_mib_growth_last_half, swaps, requests).
+Writes bench/results/swap_memory.json (metrics: rss_mb_by_swap, gpu_mib_by_swap, threads_by_swap,
+rss_mb_growth_last_half, gpu_mib_growth_last_half, swaps, requests).
 Usage: python bench/swap_memory.py [--swaps 24] [--out bench/results/swap_memory.json]
 """
 from __future__ import annotations
@@ -25,7 +25,7 @@ import specdec  # noqa: E402,F401 - before grpc: it picks gRPC's poller (specdec
 import grpc  # noqa: E402
 
 from report import save_report  # noqa: E402
-from soak import ADMIN_TOKEN, _rss_mb  # noqa: E402
+from soak import ADMIN_TOKEN, process_rss_mb  # noqa: E402
 from tiny_models import build_model_dir, build_tokenizer  # noqa: E402
 
 from specdec.client import collect  # noqa: E402
@@ -98,7 +98,7 @@ def run(workdir: Path, swaps: int) -> dict:
                 started = time.monotonic()
                 swap(draft, drafts[(i + 1) % 2])
                 burst(stub, pool)
-                rss.append(round(_rss_mb(draft.process.pid), 1))
+                rss.append(round(process_rss_mb(draft.process.pid), 1))
                 gpu.append(gpu_mib(draft.process.pid))
                 threads.append(num_threads(draft.process.pid))
                 print(f"swap {i + 1}/{swaps}: draft RSS {rss[-1]:.1f} MB, GPU {gpu[-1]} MiB, {threads[-1]} threads "
