@@ -5,9 +5,10 @@ The trio as processes (bench/gpu_e2e.py's models: random Llama-3.1-8B-shape targ
 bf16; `--tiny`: tiny models on the CPU, a check of the script). `--streams` clients each send one greedy request
 after another (k 4, the real random draft: it accepts next to nothing, so each step commits about one token and a
 gap is a step) for `--duration-s`; at a third of it the draft's default is replaced (LoadDraft with replace and
-make_default, as `python -m specdec.admin load-draft --default` sends) by the same model directory loaded again - a
-full load, build and graph capture, its files in the page cache (a cold disk adds their read time). In-flight
-sequences finish on the old draft; requests that start after the answer run on the new one.
+make_default, as `python -m specdec.admin load-draft --default` sends) by the same model loaded again: a full
+load, build and graph capture (with `--draft-head-rows` the exported draft directory is read again, from the page
+cache - a cold disk adds its read time; without, the random weights are built anew). In-flight sequences finish on
+the old draft; requests that start after the answer run on the new one.
 
 Each chunk's arrival is timed; a gap (the time since the request's previous chunk; first tokens apart) belongs to
 the window it ends in: `before` (from the end of the warm-up to the swap), `during` (LoadDraft sent to answered),
