@@ -119,17 +119,19 @@ def run(stub: gateway_pb2_grpc.GatewayStub, prompts: list[str], references: list
     started = time.perf_counter()
     for t in threads:
         t.start()
-    time.sleep(args.duration_s / 6)  # warm-up: every stream running, batch sizes seen
-    measured_from = time.perf_counter()
-    time.sleep(args.duration_s / 3 - args.duration_s / 6)
-    swap_start = time.perf_counter()
-    do_swap()
-    swap_end = time.perf_counter()
-    time.sleep(max(0.0, started + args.duration_s - swap_end))
-    stop.set()  # the streams finish their requests: the windows end here, before fewer streams run
-    stopped = time.perf_counter()
-    for t in threads:
-        t.join(600)
+    try:
+        time.sleep(args.duration_s / 6)  # warm-up: every stream running, batch sizes seen
+        measured_from = time.perf_counter()
+        time.sleep(args.duration_s / 3 - args.duration_s / 6)
+        swap_start = time.perf_counter()
+        do_swap()
+        swap_end = time.perf_counter()
+        time.sleep(max(0.0, started + args.duration_s - swap_end))
+    finally:  # a failed swap too: the clients stop, each after its request
+        stop.set()  # the streams finish their requests: the windows end here, before fewer streams run
+        stopped = time.perf_counter()
+        for t in threads:
+            t.join(600)
     bounds = {"before": (measured_from, swap_start), "during": (swap_start, swap_end), "after": (swap_end, stopped)}
     differ = sum(tokens != references[i] for i, tokens in timeline.outputs)
     return {"swap_s": swap_end - swap_start, "requests_completed": len(timeline.outputs),
