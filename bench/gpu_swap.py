@@ -45,7 +45,6 @@ from specdec.v1 import draft_pb2, draft_pb2_grpc, gateway_pb2, gateway_pb2_grpc 
 
 ADMIN_TOKEN = "gpu-swap-bench"
 K = 4
-WINDOWS = ("before", "during", "after")
 
 
 @dataclass
