@@ -14,7 +14,10 @@ Each chunk's arrival is timed; a gap (the time since the request's previous chun
 the window it ends in: `before` (from the end of the warm-up to the swap), `during` (LoadDraft sent to answered),
 `after` (to the end). Every output is checked equal to its prompt's target-only output (k = 0, the same trio).
 Writes bench/results/gpu_swap.json (metrics: swap_s, requests_completed, requests_failed, outputs_differ, and per
-window tok_s_*, gap_ms_p50_*, gap_ms_p99_*, gap_ms_max_*, ttft_ms_max_*).
+window tok_s_*, gap_ms_p50_*, gap_ms_p99_*, gap_ms_max_*, ttft_ms_max_*; on a GPU the draft process's memory as
+nvidia-smi reports it twice a second: draft_gpu_mib_before_swap, draft_gpu_mib_peak (both drafts resident) and
+draft_gpu_mib_end (what the process still holds: PyTorch's caching allocator keeps what a freed draft used, for the
+process to reuse, rather than give it back to the GPU).
 Usage: python bench/gpu_swap.py [--tiny] [--streams 8] [--duration-s 45] [--draft-quantize none|int8|w8a8]
                                 [--draft-head-rows N] [--out PATH]
 """
@@ -39,6 +42,7 @@ import grpc  # noqa: E402
 
 from gpu_e2e import bench_models, generate  # noqa: E402
 from report import save_report  # noqa: E402
+from swap_memory import gpu_mib  # noqa: E402
 
 from specdec.launch import Trio, interrupt_on_sigterm  # noqa: E402
 from specdec.v1 import draft_pb2, draft_pb2_grpc, gateway_pb2, gateway_pb2_grpc  # noqa: E402
@@ -109,13 +113,40 @@ def swap(address: str, model: str) -> None:
             request, metadata=(("authorization", f"Bearer {ADMIN_TOKEN}"),), timeout=600)
 
 
+class GpuMemory(threading.Thread):
+    """The GPU memory nvidia-smi charges to a process, every `period_s` until `stop`: (time, MiB) samples."""
+
+    def __init__(self, pid: int, period_s: float = 0.5) -> None:
+        super().__init__(daemon=True)
+        self.samples: list[tuple[float, float]] = []
+        self._pid, self._period_s, self._stopped = pid, period_s, threading.Event()
+
+    def run(self) -> None:
+        while not self._stopped.wait(self._period_s):
+            if (mib := gpu_mib(self._pid)) is not None:
+                self.samples.append((time.perf_counter(), mib))
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self.join()
+
+    def figures(self, swap_start: float) -> dict[str, float | None]:
+        """The last sample before the swap, the most of any, the last (None without a GPU)."""
+        before = [mib for t, mib in self.samples if t < swap_start]
+        return {"draft_gpu_mib_before_swap": before[-1] if before else None,
+                "draft_gpu_mib_peak": max((mib for _, mib in self.samples), default=None),
+                "draft_gpu_mib_end": self.samples[-1][1] if self.samples else None}
+
+
 def run(stub: gateway_pb2_grpc.GatewayStub, prompts: list[str], references: list[list[int]],
-        args: argparse.Namespace, do_swap: Callable[[], None]) -> dict:
-    """The clients for `args.duration_s`, the swap at a third of it; the windows' figures and the checks."""
-    timeline, stop = Timeline(), threading.Event()
+        args: argparse.Namespace, do_swap: Callable[[], None], draft_pid: int) -> dict:
+    """The clients for `args.duration_s`, the swap at a third of it; the windows' figures, the draft's GPU memory
+    and the checks."""
+    timeline, stop, memory = Timeline(), threading.Event(), GpuMemory(draft_pid)
     threads = [threading.Thread(target=client, args=(stub, prompts, i, args.max_new_tokens, timeline, stop))
                for i in range(args.streams)]
     started = time.perf_counter()
+    memory.start()
     for t in threads:
         t.start()
     try:
@@ -131,12 +162,13 @@ def run(stub: gateway_pb2_grpc.GatewayStub, prompts: list[str], references: list
         stopped = time.perf_counter()
         for t in threads:
             t.join(600)
+        memory.stop()
     bounds = {"before": (measured_from, swap_start), "during": (swap_start, swap_end), "after": (swap_end, stopped)}
     differ = sum(tokens != references[i] for i, tokens in timeline.outputs)
     return {"swap_s": swap_end - swap_start, "requests_completed": len(timeline.outputs),
             "requests_failed": sum(timeline.failures.values()), "failures_by_code": dict(timeline.failures),
             "outputs_differ": differ, "streams": args.streams, "duration_s": args.duration_s,
-            **window_metrics(timeline.chunks, bounds)}
+            **window_metrics(timeline.chunks, bounds), **memory.figures(swap_start)}
 
 
 def main() -> None:
@@ -168,7 +200,8 @@ def main() -> None:
             with grpc.insecure_channel(gateway) as channel:
                 stub = gateway_pb2_grpc.GatewayStub(channel)
                 references = [generate(stub, p, args.max_new_tokens, 0).token_ids for p in models.prompts]
-                metrics = run(stub, models.prompts, references, args, lambda: swap(draft.address(), models.draft))
+                metrics = run(stub, models.prompts, references, args, lambda: swap(draft.address(), models.draft),
+                              draft.process.pid)
         finally:
             trio.stop()
     save_report("gpu_swap", metrics, args.out, notes="the real random draft (acceptance ~0): a gap is about one step")
