@@ -42,12 +42,12 @@ import grpc  # noqa: E402
 
 from gpu_e2e import bench_models, generate  # noqa: E402
 from report import save_report  # noqa: E402
-from swap_memory import gpu_mib  # noqa: E402
+from process_memory import Sampler, gpu_mib  # noqa: E402
+from soak import ADMIN_TOKEN, load_default_draft  # noqa: E402
 
 from specdec.launch import Trio, interrupt_on_sigterm  # noqa: E402
-from specdec.v1 import draft_pb2, draft_pb2_grpc, gateway_pb2, gateway_pb2_grpc  # noqa: E402
+from specdec.v1 import gateway_pb2, gateway_pb2_grpc  # noqa: E402
 
-ADMIN_TOKEN = "gpu-swap-bench"
 K = 4
 
 
@@ -105,44 +105,19 @@ def window_metrics(chunks: list[tuple[float, int, float, bool]], bounds: dict[st
     return metrics
 
 
-def swap(address: str, model: str) -> None:
-    """Replaces the default draft with `model`, as an operator would."""
-    request = draft_pb2.LoadDraftRequest(name="default", model=model, make_default=True, replace=True)
-    with grpc.insecure_channel(address) as channel:
-        draft_pb2_grpc.DraftServiceStub(channel).LoadDraft(
-            request, metadata=(("authorization", f"Bearer {ADMIN_TOKEN}"),), timeout=600)
-
-
-class GpuMemory(threading.Thread):
-    """The GPU memory nvidia-smi charges to a process, every `period_s` until `stop`: (time, MiB) samples."""
-
-    def __init__(self, pid: int, period_s: float = 0.5) -> None:
-        super().__init__(daemon=True)
-        self.samples: list[tuple[float, float]] = []
-        self._pid, self._period_s, self._stopped = pid, period_s, threading.Event()
-
-    def run(self) -> None:
-        while not self._stopped.wait(self._period_s):
-            if (mib := gpu_mib(self._pid)) is not None:
-                self.samples.append((time.perf_counter(), mib))
-
-    def stop(self) -> None:
-        self._stopped.set()
-        self.join()
-
-    def figures(self, swap_start: float) -> dict[str, float | None]:
-        """The last sample before the swap, the most of any, the last (None without a GPU)."""
-        before = [mib for t, mib in self.samples if t < swap_start]
-        return {"draft_gpu_mib_before_swap": before[-1] if before else None,
-                "draft_gpu_mib_peak": max((mib for _, mib in self.samples), default=None),
-                "draft_gpu_mib_end": self.samples[-1][1] if self.samples else None}
+def gpu_memory_figures(samples: list[tuple[float, float]], swap_start: float) -> dict[str, float | None]:
+    """Of the draft's (time, MiB) samples: the last before the swap, the most of any, the last (None without a GPU)."""
+    before = [mib for t, mib in samples if t < swap_start]
+    return {"draft_gpu_mib_before_swap": before[-1] if before else None,
+            "draft_gpu_mib_peak": max((mib for _, mib in samples), default=None),
+            "draft_gpu_mib_end": samples[-1][1] if samples else None}
 
 
 def run(stub: gateway_pb2_grpc.GatewayStub, prompts: list[str], references: list[list[int]],
         args: argparse.Namespace, do_swap: Callable[[], None], draft_pid: int) -> dict:
     """The clients for `args.duration_s`, the swap at a third of it; the windows' figures, the draft's GPU memory
     and the checks."""
-    timeline, stop, memory = Timeline(), threading.Event(), GpuMemory(draft_pid)
+    timeline, stop, memory = Timeline(), threading.Event(), Sampler(lambda: gpu_mib(draft_pid), period_s=0.5)
     threads = [threading.Thread(target=client, args=(stub, prompts, i, args.max_new_tokens, timeline, stop))
                for i in range(args.streams)]
     started = time.perf_counter()
@@ -168,7 +143,7 @@ def run(stub: gateway_pb2_grpc.GatewayStub, prompts: list[str], references: list
     return {"swap_s": swap_end - swap_start, "requests_completed": len(timeline.outputs),
             "requests_failed": sum(timeline.failures.values()), "failures_by_code": dict(timeline.failures),
             "outputs_differ": differ, "streams": args.streams, "duration_s": args.duration_s,
-            **window_metrics(timeline.chunks, bounds), **memory.figures(swap_start)}
+            **window_metrics(timeline.chunks, bounds), **gpu_memory_figures(memory.samples, swap_start)}
 
 
 def main() -> None:
@@ -200,7 +175,7 @@ def main() -> None:
             with grpc.insecure_channel(gateway) as channel:
                 stub = gateway_pb2_grpc.GatewayStub(channel)
                 references = [generate(stub, p, args.max_new_tokens, 0).token_ids for p in models.prompts]
-                metrics = run(stub, models.prompts, references, args, lambda: swap(draft.address(), models.draft),
+                metrics = run(stub, models.prompts, references, args, lambda: load_default_draft(draft.address(), "default", models.draft, timeout_s=600),
                               draft.process.pid)
         finally:
             trio.stop()

@@ -47,6 +47,7 @@ import specdec  # noqa: E402,F401 - before grpc: it picks gRPC's poller (specdec
 import grpc  # noqa: E402
 
 from harness import free_port  # noqa: E402
+from process_memory import Sampler, process_rss_mb  # noqa: E402
 from report import save_report  # noqa: E402
 from soak_clients import SERVED_MODEL_NAME, Client, Disturbances, Tally, references  # noqa: E402
 from tiny_models import build_model_dir, build_tokenizer  # noqa: E402
@@ -58,6 +59,15 @@ from specdec.v1 import draft_pb2, draft_pb2_grpc, gateway_pb2_grpc  # noqa: E402
 ADMIN_TOKEN = "soak-admin"
 SWAPS_PER_RUN = 8
 SURVIVORS = ("gateway", "target1", "draft1")  # the replicas never restarted: their memory is compared
+
+
+def load_default_draft(address: str, name: str, model: str, timeout_s: float) -> None:
+    """LoadDraft `model` as `name`, replacing a draft of that name, and make it the default, as an operator would
+    (`python -m specdec.admin load-draft --default`); the draft service runs with --admin-token ADMIN_TOKEN."""
+    request = draft_pb2.LoadDraftRequest(name=name, model=model, make_default=True, replace=True)
+    with grpc.insecure_channel(address) as channel:
+        draft_pb2_grpc.DraftServiceStub(channel).LoadDraft(
+            request, metadata=(("authorization", f"Bearer {ADMIN_TOKEN}"),), timeout=timeout_s)
 
 
 class SoakCluster:
@@ -113,12 +123,9 @@ class SoakCluster:
         """Loads `model` as `name` on every draft replica and makes it their default; counts the
         outcomes (a replica being restarted just then refuses: UNAVAILABLE)."""
         outcomes = Counter()
-        request = draft_pb2.LoadDraftRequest(name=name, model=model, make_default=True, replace=True)
         for replica in self.drafts:
             try:
-                with grpc.insecure_channel(replica.address) as channel:
-                    draft_pb2_grpc.DraftServiceStub(channel).LoadDraft(
-                        request, metadata=(("authorization", f"Bearer {ADMIN_TOKEN}"),), timeout=60)
+                load_default_draft(replica.address, name, model, timeout_s=60)
                 outcomes["ok"] += 1
             except grpc.RpcError as e:
                 outcomes[e.code().name] += 1
@@ -152,31 +159,6 @@ class SoakCluster:
                 replica.stop()
 
 
-class MemoryTimeline(threading.Thread):
-    """The never-restarted replicas' resident memory, about once a second until `stop`."""
-
-    def __init__(self, cluster: SoakCluster, period_s: float = 1.0) -> None:
-        super().__init__(daemon=True)
-        self.samples: list[dict[str, float]] = []
-        self._cluster, self._period_s, self._stopped = cluster, period_s, threading.Event()
-
-    def run(self) -> None:
-        started = time.monotonic()
-        while not self._stopped.wait(self._period_s):
-            self.samples.append({"t_s": round(time.monotonic() - started, 1), **self._cluster.rss_mb(SURVIVORS)})
-
-    def stop(self) -> None:
-        self._stopped.set()
-        self.join()
-
-
-def process_rss_mb(pid: int) -> float:
-    """Resident memory of a process (Linux /proc)."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise RuntimeError(f"no VmRSS for process {pid}")
-
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
@@ -207,7 +189,7 @@ def run_soak(workdir: Path, duration_s: float, num_streams: int, target_kv_token
             swaps.update(cluster.swap_default_draft("default", str(drafts[0])))
             time.sleep(min(10.0, duration_s / 6))
             rss_before = cluster.rss_mb()
-            timeline = MemoryTimeline(cluster)
+            timeline = Sampler(lambda: cluster.rss_mb(SURVIVORS))  # about once a second
             timeline.start()
             try:
                 max_waiting, drained_s = _disturb(cluster, duration_s, drafts, disturbances, swaps)
@@ -241,7 +223,7 @@ def run_soak(workdir: Path, duration_s: float, num_streams: int, target_kv_token
         "rss_mb_after": rss_after["gateway"],
         "rss_mb_before_by_process": {name: round(rss_before[name], 1) for name in SURVIVORS},
         "rss_mb_after_by_process": {name: round(rss_after[name], 1) for name in SURVIVORS},
-        "rss_mb_timeline": timeline.samples,
+        "rss_mb_timeline": [{"t_s": round(t - timeline.started, 1), **rss} for t, rss in timeline.samples],
         "examples": tally.examples,
         "duration_s": duration_s,
         "streams": num_streams,

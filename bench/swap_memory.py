@@ -11,7 +11,6 @@ Usage: python bench/swap_memory.py [--swaps 24] [--out bench/results/swap_memory
 from __future__ import annotations
 
 import argparse
-import subprocess
 import sys
 import tempfile
 import time
@@ -25,40 +24,20 @@ import specdec  # noqa: E402,F401 - before grpc: it picks gRPC's poller (specdec
 import grpc  # noqa: E402
 
 from report import save_report  # noqa: E402
-from soak import ADMIN_TOKEN, process_rss_mb  # noqa: E402
+from process_memory import gpu_mib, process_rss_mb  # noqa: E402
+from soak import ADMIN_TOKEN, load_default_draft  # noqa: E402
 from tiny_models import build_model_dir, build_tokenizer  # noqa: E402
 
 from specdec.client import collect  # noqa: E402
 from specdec.processes import Replica  # noqa: E402
-from specdec.v1 import draft_pb2, draft_pb2_grpc, gateway_pb2, gateway_pb2_grpc  # noqa: E402
+from specdec.v1 import gateway_pb2, gateway_pb2_grpc  # noqa: E402
 
 PROMPTS = ["The quick brown fox", "def add(a, b):\n    return", "Numbers 0123456789 and", "x"]
 REQUESTS_PER_SWAP = 16
 
 
-def gpu_mib(pid: int) -> float | None:
-    """GPU memory nvidia-smi charges to `pid`; None without nvidia-smi or when the process has none."""
-    try:
-        rows = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
-                              capture_output=True, text=True, timeout=30).stdout.splitlines()
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    for row in rows:
-        row_pid, used = (field.strip() for field in row.split(","))
-        if int(row_pid) == pid:
-            return float(used)
-    return None
-
-
 def num_threads(pid: int) -> int:
     return len(list(Path(f"/proc/{pid}/task").iterdir()))
-
-
-def swap(draft: Replica, model: Path) -> None:
-    request = draft_pb2.LoadDraftRequest(name="default", model=str(model), make_default=True, replace=True)
-    with grpc.insecure_channel(draft.address) as channel:
-        draft_pb2_grpc.DraftServiceStub(channel).LoadDraft(
-            request, metadata=(("authorization", f"Bearer {ADMIN_TOKEN}"),), timeout=120)
 
 
 def burst(stub: gateway_pb2_grpc.GatewayStub, pool: ThreadPoolExecutor) -> None:
@@ -96,7 +75,7 @@ def run(workdir: Path, swaps: int) -> dict:
             burst(stub, pool)
             for i in range(swaps):
                 started = time.monotonic()
-                swap(draft, drafts[(i + 1) % 2])
+                load_default_draft(draft.address, "default", str(drafts[(i + 1) % 2]), timeout_s=120)
                 burst(stub, pool)
                 rss.append(round(process_rss_mb(draft.process.pid), 1))
                 gpu.append(gpu_mib(draft.process.pid))

@@ -33,8 +33,7 @@ def test_an_empty_window_has_no_gaps_rather_than_an_error(gpu_swap):
 
 
 def test_the_draft_gpu_memory_figures_are_the_last_before_the_swap_the_peak_and_the_last(gpu_swap):
-    memory = gpu_swap.GpuMemory(pid=0)
-    memory.samples = [(1.0, 3000.0), (2.0, 3010.0), (3.0, 5900.0), (4.0, 5600.0)]
-    assert memory.figures(swap_start=2.5) == {"draft_gpu_mib_before_swap": 3010.0, "draft_gpu_mib_peak": 5900.0,
-                                              "draft_gpu_mib_end": 5600.0}
-    assert set(gpu_swap.GpuMemory(pid=0).figures(swap_start=2.5).values()) == {None}  # no GPU: no samples
+    samples = [(1.0, 3000.0), (2.0, 3010.0), (3.0, 5900.0), (4.0, 5600.0)]
+    assert gpu_swap.gpu_memory_figures(samples, swap_start=2.5) == {
+        "draft_gpu_mib_before_swap": 3010.0, "draft_gpu_mib_peak": 5900.0, "draft_gpu_mib_end": 5600.0}
+    assert set(gpu_swap.gpu_memory_figures([], swap_start=2.5).values()) == {None}  # no GPU: no samples
