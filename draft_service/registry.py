@@ -9,7 +9,8 @@ Why in-flight sequences finish on the old model instead of re-prefilling on the 
 re-prefill would charge every in-flight request a forward over its whole context on the new
 draft at the moment of the swap - a latency spike exactly when the operator is changing things -
 and buys nothing for correctness, since the target alone decides the output. The cost is that
-both models are resident until the old one's last request ends.
+both models are resident until the old one's last request ends. Once it has, the old model's GPU memory goes
+back to the device (not just to PyTorch's cache), between loads, since loads capture graphs.
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from dataclasses import dataclass
 from engine.batching_loop import ForwardObserver, torch_thread
 from engine.drafter import Drafter
 from engine.model_drafter import ModelDrafter
-from engine.model_runner import ModelRunner, RuntimeConfig
+from engine.model_runner import ModelRunner, RuntimeConfig, release_cached_gpu_memory
 from engine.ngram_drafter import NgramDrafter
 from specdec.errors import IncompatibleModelsError, InvalidRequestError, NotFoundError, SpecdecError
 
@@ -208,6 +209,10 @@ class DraftRegistry:
         for entry in self._entries.values():
             await entry.drafter.stop()
         self._entries.clear()
+        await self.retired()
+
+    async def retired(self) -> None:
+        """Waits until the replaced and unloaded drafts whose sequences have ended are stopped, their memory released."""
         await asyncio.gather(*self._stopping, return_exceptions=True)
 
     def _not_loaded(self, name: str) -> NotFoundError:
@@ -262,6 +267,15 @@ class DraftRegistry:
             self._stop_later(loading.result())
 
     def _stop_later(self, drafter: Drafter) -> None:
-        task = asyncio.get_running_loop().create_task(drafter.stop())
+        task = asyncio.get_running_loop().create_task(self._stop_and_free(drafter))
         self._stopping.add(task)
         task.add_done_callback(self._stopping.discard)
+
+    async def _stop_and_free(self, drafter: Drafter) -> None:
+        """Stops `drafter` and, once nothing holds it, returns its GPU memory to the device: a swap does not leave the
+        service holding two models' memory. Between loads: emptying the cache frees device memory, which a graph
+        capture on another thread must not see."""
+        await drafter.stop()
+        del drafter  # the last reference: its tensors go back to the cache here
+        async with self._loading:
+            await asyncio.to_thread(release_cached_gpu_memory)

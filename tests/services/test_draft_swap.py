@@ -101,16 +101,52 @@ def test_a_replaced_draft_frees_its_model_at_once_not_at_a_garbage_collection(lo
         gc.disable()
         try:
             await drafts.load("first", str(model_dirs["identical"]), make_default=True, replace=True)
-            for _ in range(200):  # the old drafter stops in a task of its own
-                if old_runner() is None:
-                    break
-                await asyncio.sleep(0.01)
+            await drafts.retired()  # the old drafter stops in a task of its own
             return old_runner() is None
         finally:
             gc.enable()
             await drafts.stop()
 
     assert loop.run(replace_and_watch()), "the replaced draft's model is still allocated"
+
+
+def _swap_memory(loop, model_dirs) -> dict[str, tuple[int, int]]:
+    """(allocated, reserved) bytes on the GPU with one draft, with it and its replacement, after the old one stopped."""
+    import torch
+
+    async def replace() -> dict[str, tuple[int, int]]:
+        drafts = DraftRegistry(model_loader(RuntimeConfig(model="", kv_cache_tokens=65536, device="cuda")))
+        await drafts.load("first", str(model_dirs["unrelated"]), make_default=True)
+        drafts.start()
+        torch.cuda.empty_cache()  # what the load left cached (its warm-up's temporaries) is not the draft's
+        seen = {"one": (torch.cuda.memory_allocated(), torch.cuda.memory_reserved())}
+        await drafts.load("first", str(model_dirs["identical"]), make_default=True, replace=True)
+        seen["both"] = (torch.cuda.memory_allocated(), torch.cuda.memory_reserved())
+        await drafts.retired()
+        seen["after"] = (torch.cuda.memory_allocated(), torch.cuda.memory_reserved())
+        await drafts.stop()
+        return seen
+
+    return loop.run(replace())
+
+
+@pytest.mark.gpu
+def test_a_replaced_draft_gives_its_cached_gpu_memory_back_to_the_device(loop, model_dirs):
+    # PyTorch's caching allocator keeps what freed tensors used, for the process: without a release every swap left
+    # the service holding both drafts' memory (bench/results/gpu_swap_h100.json, 1B-shape draft: 4,198 MiB before a
+    # swap, 7,660 after; 5,544 with it)
+    seen = _swap_memory(loop, model_dirs)
+    assert seen["both"][1] > seen["one"][1], "the second draft should have taken memory of its own"
+    assert seen["after"][1] < seen["both"][1], f"nothing went back to the device: {seen}"
+
+
+@pytest.mark.gpu
+@pytest.mark.xfail(strict=True, reason="on CUDA about 1 GiB a draft stays allocated after it stops, its owner not yet "
+                                       "found (bench/draft_memory.py --history names it; docs/benchmarks.md)")
+def test_a_replaced_draft_leaves_nothing_of_its_own_allocated(loop, model_dirs):
+    seen = _swap_memory(loop, model_dirs)
+    one, both, after = (seen[k][0] for k in ("one", "both", "after"))
+    assert after - one < (both - one) / 4, f"allocated {one} B with one draft, {both} with two, {after} after the swap"
 
 
 def test_each_request_picks_its_draft_by_name(swap_trio, model_dirs):
