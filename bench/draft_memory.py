@@ -4,7 +4,7 @@ builds it, replaced `--swaps` times (each old draft stopped and its memory relea
 replace), then every draft stopped. After each step: PyTorch's allocator counters (what live tensors hold, what the
 process keeps from the device) and what nvidia-smi charges the process. With `--history`, the Python stacks that
 allocated what stays allocated once every draft has stopped (torch.cuda.memory._record_memory_history), largest
-first: bench/gpu_swap.py sees a swap leave about 1 GiB behind, and this names its owner.
+first: a swap left about 1 GiB allocated on an H100 (docs/benchmarks.md), and this names what holds such memory.
 
 Writes bench/results/draft_memory.json (metrics: steps [{step, allocated_mib, reserved_mib, smi_mib}],
 leftover_allocated_mib, leftover_stacks).

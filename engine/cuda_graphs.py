@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import functools
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -275,7 +276,7 @@ def _long_and_int(flat: torch.Tensor, num_long: int) -> tuple[torch.Tensor, torc
 
 def capture(fn: Callable[[], T], pool: tuple) -> tuple[torch.cuda.CUDAGraph, T]:
     """Warms `fn` up on a side stream (compiling Triton kernels), then captures it; returns its static output."""
-    stream = torch.cuda.Stream()
+    stream = warmup_stream(torch.cuda.current_device())
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
         fn()
@@ -285,6 +286,16 @@ def capture(fn: Callable[[], T], pool: tuple) -> tuple[torch.cuda.CUDAGraph, T]:
     with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
         out = fn()
     return graph, out
+
+
+@functools.cache
+def warmup_stream(device_index: int) -> torch.cuda.Stream:
+    """The side stream every capture of the process warms up on. One, not a new torch.cuda.Stream() a capture: PyTorch
+    keeps a cuBLAS workspace (32 MiB on Hopper) for each (thread's cuBLAS handle, stream) pair a product has run on,
+    until the process ends, and new streams come round-robin from a pool of 32 - a loading thread's warm-ups took them
+    all, about 1 GiB (bench/draft_memory.py). Sharing it only orders work: a warm-up waits for its thread's stream,
+    and that stream for the warm-up."""
+    return torch.cuda.Stream(device_index)
 
 
 def _logit_rows(steps: list[StepInput], q: int) -> list[tuple[int, int]]:

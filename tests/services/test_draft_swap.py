@@ -141,12 +141,14 @@ def test_a_replaced_draft_gives_its_cached_gpu_memory_back_to_the_device(loop, m
 
 
 @pytest.mark.gpu
-@pytest.mark.xfail(strict=True, reason="on CUDA about 1 GiB a draft stays allocated after it stops, its owner not yet "
-                                       "found (bench/draft_memory.py --history names it; docs/benchmarks.md)")
-def test_a_replaced_draft_leaves_nothing_of_its_own_allocated(loop, model_dirs):
+def test_a_replaced_draft_leaves_no_more_than_its_threads_cublas_workspaces_allocated(loop, model_dirs):
+    # PyTorch keeps a cuBLAS workspace (32 MiB on Hopper) per (thread handle, stream) until the process ends; when every
+    # capture's warm-up took a new stream, a draft's loading thread left 32 of them, 1 GiB, after the draft stopped
+    # (docs/benchmarks.md). The few that stay now (its thread's handle on its stream, the warm-up's, the capture's)
+    # are reused by the next thread that gets the handle.
     seen = _swap_memory(loop, model_dirs)
-    one, both, after = (seen[k][0] for k in ("one", "both", "after"))
-    assert after - one < (both - one) / 4, f"allocated {one} B with one draft, {both} with two, {after} after the swap"
+    left = (seen["after"][0] - seen["one"][0]) / 2**20
+    assert left < 512, f"{left:.0f} MiB more allocated after the swap than with one draft: {seen}"
 
 
 def test_each_request_picks_its_draft_by_name(swap_trio, model_dirs):
