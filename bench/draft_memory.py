@@ -60,17 +60,22 @@ def memory(step: str) -> dict:
     return row
 
 
+def _kept(filename: str) -> bool:
+    """A frame worth naming: ours, an installed package's (Python), or PyTorch's C++ (a cuBLAS workspace's is there)."""
+    return str(ROOT) in filename or any(part in filename for part in ("-packages/", "/aten/", "/c10/"))
+
+
 def leftover_stacks(snapshot: dict, top: int = 8) -> list[str]:
-    """What a torch.cuda.memory._snapshot() holds allocated, grouped by the stack that allocated it (its frames in
-    this repository and in installed packages, innermost first), largest first."""
+    """What a torch.cuda.memory._snapshot() holds allocated, grouped by the stack that allocated it (its frames that
+    `_kept` keeps, innermost first, at most 6), largest first."""
     by_stack: collections.Counter[str] = collections.Counter()
     for segment in snapshot["segments"]:
         for block in segment["blocks"]:
             if block["state"] != "active_allocated":
                 continue
             frames = [f"{Path(f['filename']).name}:{f['line']} {f['name']}" for f in block.get("frames", [])
-                      if str(ROOT) in f["filename"] or "site-packages" in f["filename"]][:6]
-            by_stack[" <- ".join(frames) or "(no Python frames)"] += block["size"]
+                      if _kept(f["filename"])][:6]
+            by_stack[" <- ".join(frames) or "(no frames)"] += block["size"]
     return [f"{size / MIB:.1f} MiB: {stack}" for stack, size in by_stack.most_common(top)]
 
 
@@ -100,7 +105,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "draft_memory.json")
     args = parser.parse_args()
     if args.history and torch.cuda.is_available():
-        torch.cuda.memory._record_memory_history(max_entries=200_000)
+        torch.cuda.memory._record_memory_history(max_entries=1000)  # live blocks keep their stacks; a short trace
     with tempfile.TemporaryDirectory(prefix="specdec-draft-memory-") as tmp:
         models = bench_models(Path(tmp), args.tiny, args.draft_head_rows, 8, 128, 128)
         steps = asyncio.run(swap_and_stop(draft_config(args, models.draft, models.service_flags), models.draft,
