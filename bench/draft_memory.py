@@ -110,8 +110,9 @@ def main() -> None:
         models = bench_models(Path(tmp), args.tiny, args.draft_head_rows, 8, 128, 128)
         steps = asyncio.run(swap_and_stop(draft_config(args, models.draft, models.service_flags), models.draft,
                                           args.swaps))
+    history = args.history and torch.cuda.is_initialized()
     metrics = {"steps": steps, "swaps": args.swaps, "leftover_allocated_mib": steps[-1]["allocated_mib"],
-               "leftover_stacks": leftover_stacks(torch.cuda.memory._snapshot()) if args.history and torch.cuda.is_initialized() else []}
+               "leftover_stacks": leftover_stacks(torch.cuda.memory._snapshot()) if history else []}
     save_report("draft_memory", metrics, args.out)
 
 

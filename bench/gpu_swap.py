@@ -24,6 +24,7 @@ Usage: python bench/gpu_swap.py [--tiny] [--streams 8] [--duration-s 45] [--draf
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import sys
 import tempfile
@@ -175,8 +176,8 @@ def main() -> None:
             with grpc.insecure_channel(gateway) as channel:
                 stub = gateway_pb2_grpc.GatewayStub(channel)
                 references = [generate(stub, p, args.max_new_tokens, 0).token_ids for p in models.prompts]
-                metrics = run(stub, models.prompts, references, args, lambda: load_default_draft(draft.address(), "default", models.draft, timeout_s=600),
-                              draft.process.pid)
+                swap = functools.partial(load_default_draft, draft.address(), "default", models.draft, timeout_s=600)
+                metrics = run(stub, models.prompts, references, args, swap, draft.process.pid)
         finally:
             trio.stop()
     save_report("gpu_swap", metrics, args.out, notes="the real random draft (acceptance ~0): a gap is about one step")

@@ -212,7 +212,8 @@ class DraftRegistry:
         await self.retired()
 
     async def retired(self) -> None:
-        """Waits until the replaced and unloaded drafts whose sequences have ended are stopped, their memory released."""
+        """Waits until the replaced and unloaded drafts whose sequences have ended are stopped and their memory
+        released."""
         await asyncio.gather(*self._stopping, return_exceptions=True)
 
     def _not_loaded(self, name: str) -> NotFoundError:
