@@ -84,7 +84,8 @@ async def load_beside_streams(config: RuntimeConfig, model: str, prompt_ids: lis
         done.set()
         await asyncio.gather(*tasks)  # a stream's error fails the run
         await drafts.stop()
-    metrics = {"streams": streams, "load_s": [round(s, 3) for s in seconds], "load_s_median": statistics.median(seconds)}
+    metrics = {"streams": streams, "load_s": [round(s, 3) for s in seconds],
+               "load_s_median": statistics.median(seconds)}
     for name, spans in windows.items():
         metrics.update(window_metrics(name, spans, ends))
     return metrics
