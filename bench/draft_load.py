@@ -11,7 +11,7 @@ old draft stopped and released before the next load). Each proposal's latency be
 `idle` (before the first load) or `during` (a load running).
 
 Metrics: load_s (each load's seconds), load_s_median; proposals_per_s_idle / _during, propose_ms_p50_idle /
-_during, propose_ms_p99_idle / _during, propose_ms_max_during. A change to loading (engine/cuda_graphs.py's capture)
+_during, propose_ms_p99_idle / _during, propose_ms_max_idle / _during. A change to loading (engine/cuda_graphs.py's capture)
 is measured against its parent by running this same script in a `git worktree` of the parent as well.
 Usage: python bench/draft_load.py [--tiny] [--streams 8] [--loads 2] [--draft-quantize none|int8|w8a8]
                                   [--draft-head-rows N] [--stages kernels|compiled|eager] [--out PATH]
@@ -32,6 +32,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "bench"), str(ROOT / "tests")]
 from draft_memory import NAME, draft_config  # noqa: E402
 from gpu_e2e import bench_models  # noqa: E402
 from report import save_report  # noqa: E402
+from soak import percentile  # noqa: E402
 
 from draft_service.registry import DraftRegistry, model_loader  # noqa: E402
 from engine.model_runner import RuntimeConfig  # noqa: E402
@@ -95,7 +96,7 @@ def window_metrics(name: str, spans: list[tuple[float, float]], ends: list[tuple
     """The proposals that ended within `spans`: how many a second, their latency's p50, p99 and max (ms)."""
     took = sorted(seconds for end, seconds in ends if any(start <= end < stop for start, stop in spans))
     span_s = sum(stop - start for start, stop in spans)
-    at = (lambda q: 1e3 * took[min(len(took) - 1, int(q * len(took)))]) if took else (lambda q: None)
+    at = (lambda q: 1e3 * percentile(took, q)) if took else (lambda q: None)
     return {f"proposals_per_s_{name}": len(took) / span_s, f"propose_ms_p50_{name}": at(0.5),
             f"propose_ms_p99_{name}": at(0.99), f"propose_ms_max_{name}": at(1.0)}
 
