@@ -64,7 +64,8 @@ async def propose_steadily(drafts: DraftRegistry, prompt_ids: list[int], done: a
 async def load_beside_streams(config: RuntimeConfig, model: str, prompt_ids: list[list[int]], streams: int, loads: int,
                               idle_s: float) -> dict:
     drafts = DraftRegistry(model_loader(config))
-    await drafts.load(NAME, model, make_default=True)
+    _, took = await drafts.load(NAME, model, make_default=True)
+    print(f"first load (no streams): {took:.1f} s", flush=True)
     drafts.start()
     done, ends = asyncio.Event(), []
     tasks = [asyncio.create_task(propose_steadily(drafts, prompt_ids[i % len(prompt_ids)], done, ends))
@@ -80,6 +81,7 @@ async def load_beside_streams(config: RuntimeConfig, model: str, prompt_ids: lis
             _, took = await drafts.load(NAME, model, make_default=True, replace=True)
             windows["during"].append((started, time.perf_counter()))
             seconds.append(took)
+            print(f"load {len(seconds)} beside {streams} streams: {took:.1f} s", flush=True)
             await drafts.retired()
     finally:
         done.set()
@@ -113,7 +115,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "draft_load.json")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="specdec-draft-load-") as tmp:
-        models = bench_models(Path(tmp), args.tiny, args.draft_head_rows, 8, 128, MAX_NEW_TOKENS)
+        models = bench_models(Path(tmp), args.tiny, args.draft_head_rows, 8, 128, MAX_NEW_TOKENS,
+                              with_target=False)
         config = draft_config(args, models.draft, models.service_flags)
         metrics = asyncio.run(load_beside_streams(config, models.draft, models.prompt_ids, args.streams,
                                                   args.loads, args.idle_s))

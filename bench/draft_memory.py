@@ -107,7 +107,7 @@ def main() -> None:
     if args.history and torch.cuda.is_available():
         torch.cuda.memory._record_memory_history(max_entries=1000)  # live blocks keep their stacks; a short trace
     with tempfile.TemporaryDirectory(prefix="specdec-draft-memory-") as tmp:
-        models = bench_models(Path(tmp), args.tiny, args.draft_head_rows, 8, 128, 128)
+        models = bench_models(Path(tmp), args.tiny, args.draft_head_rows, 8, 128, 128, with_target=False)
         steps = asyncio.run(swap_and_stop(draft_config(args, models.draft, models.service_flags), models.draft,
                                           args.swaps))
     history = args.history and torch.cuda.is_initialized()

@@ -133,7 +133,7 @@ def prompts_text(tokenizer, count: int, num_tokens: int) -> list[str]:
 class BenchModels:
     """What the side-by-side trio benchmarks (step_trace.py, gpu_ab.py, host_spy.py) serve: the random target
     and draft directories, the prompts as text and as ids, and the model services' common flags."""
-    target: str
+    target: str | None
     draft: str
     prompts: list[str]
     prompt_ids: list[list[int]]
@@ -141,12 +141,13 @@ class BenchModels:
 
 
 def bench_models(work: Path, tiny: bool, draft_head_rows: int | None, num_prompts: int, prompt_tokens: int,
-                 max_new_tokens: int) -> BenchModels:
+                 max_new_tokens: int, with_target: bool = True) -> BenchModels:
     """The 8B / 1B shapes in bf16 on CUDA, or tiny ones on the CPU (`tiny`); the draft's LM head cut to
-    `draft_head_rows` rows where given; a KV pool for the prompts' and their tokens' blocks."""
+    `draft_head_rows` rows where given; a KV pool for the prompts' and their tokens' blocks. Without `with_target`
+    no target directory is written (16 GB of random 8B weights, minutes of a GPU machine's time): `target` is None."""
     tokenizer = build_tokenizer()
     target_shape, draft_shape = (TINY, {**TINY, "num_hidden_layers": 1}) if tiny else (LLAMA_8B, LLAMA_1B)
-    target = write_model_dir(work / "target", target_shape, tokenizer)
+    target = write_model_dir(work / "target", target_shape, tokenizer) if with_target else None
     draft = write_model_dir(work / "draft", draft_shape, tokenizer)
     if draft_head_rows:
         draft = write_reduced_head_draft(work / "draft-reduced-head", draft, draft_head_rows)
