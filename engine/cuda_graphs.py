@@ -275,26 +275,32 @@ def _long_and_int(flat: torch.Tensor, num_long: int) -> tuple[torch.Tensor, torc
 
 
 def capture(fn: Callable[[], T], pool: tuple) -> tuple[torch.cuda.CUDAGraph, T]:
-    """Warms `fn` up on a side stream (compiling Triton kernels), then captures it; returns its static output."""
-    stream = warmup_stream(torch.cuda.current_device())
+    """Warms `fn` up (compiling Triton kernels), then captures it; returns its static output. Both on one side stream of
+    the process, as `capture_begin`/`capture_end`: not in `torch.cuda.graph`, whose every entry synchronizes the
+    device and empties PyTorch's device and pinned-host caches - a draft's load captures 100+ graphs while the
+    service's other draft serves, and each `cudaFree` of an emptied cache waits for that draft's forwards too."""
+    stream = capture_stream(torch.cuda.current_device())
     stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
     with torch.cuda.stream(stream):
         fn()
+        # thread_local: CUDA calls of other threads (another model serving meanwhile) do not void the capture
+        graph.capture_begin(pool, capture_error_mode="thread_local")
+        try:
+            out = fn()
+        finally:
+            graph.capture_end()
     torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    # thread_local: CUDA calls of other threads (another model serving meanwhile) do not void the capture
-    with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
-        out = fn()
     return graph, out
 
 
 @functools.cache
-def warmup_stream(device_index: int) -> torch.cuda.Stream:
-    """The side stream every capture of the process warms up on. One, not a new torch.cuda.Stream() a capture: PyTorch
-    keeps a cuBLAS workspace (32 MiB on Hopper) for each (thread's cuBLAS handle, stream) pair a product has run on,
-    until the process ends, and new streams come round-robin from a pool of 32 - a loading thread's warm-ups took them
-    all, about 1 GiB (bench/draft_memory.py). Sharing it only orders work: a warm-up waits for its thread's stream,
-    and that stream for the warm-up."""
+def capture_stream(device_index: int) -> torch.cuda.Stream:
+    """The side stream every capture of the process warms up and captures on. One, not a new torch.cuda.Stream() a
+    capture: PyTorch keeps a cuBLAS workspace (32 MiB on Hopper) for each (thread's cuBLAS handle, stream) pair a
+    product has run on, until the process ends, and new streams come round-robin from a pool of 32 - a loading
+    thread's warm-ups took them all, about 1 GiB (bench/draft_memory.py). Sharing it only orders work: a capture
+    waits for its thread's stream, and that stream for the capture's warm-up."""
     return torch.cuda.Stream(device_index)
 
 
