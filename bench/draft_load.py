@@ -11,9 +11,9 @@ old draft stopped and released before the next load). Each proposal's latency be
 `idle` (before the first load) or `during` (a load running).
 
 Metrics: load_s (each load's seconds), load_s_median; proposals_per_s_idle / _during, propose_ms_p50_idle /
-_during, propose_ms_p99_idle / _during, propose_ms_max_idle / _during. A change to loading (engine/cuda_graphs.py's capture)
-is measured against its parent by running this same script in a `git worktree` of the parent as well.
-Usage: python bench/draft_load.py [--tiny] [--streams 8] [--loads 2] [--draft-quantize none|int8|w8a8]
+_during, propose_ms_p99_idle / _during, propose_ms_max_idle / _during. A change to loading (engine/cuda_graphs.py's
+capture) is measured against its parent by running this same script in a `git worktree` of the parent as well.
+Usage: python bench/draft_load.py [--tiny] [--streams 8] [--loads 2] [--idle-s 10] [--draft-quantize none|int8|w8a8]
                                   [--draft-head-rows N] [--stages kernels|compiled|eager] [--out PATH]
 """
 from __future__ import annotations

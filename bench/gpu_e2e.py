@@ -132,7 +132,8 @@ def prompts_text(tokenizer, count: int, num_tokens: int) -> list[str]:
 @dataclass(frozen=True)
 class BenchModels:
     """What the side-by-side trio benchmarks (step_trace.py, gpu_ab.py, host_spy.py) serve: the random target
-    and draft directories, the prompts as text and as ids, and the model services' common flags."""
+    (None where the benchmark runs the draft alone: draft_load.py, draft_memory.py) and draft directories, the
+    prompts as text and as ids, and the model services' common flags."""
     target: str | None
     draft: str
     prompts: list[str]
