@@ -8,7 +8,9 @@ Random-weight Llama-3.1-8B-shape target and Llama-3.2-1B-shape draft, bf16, driv
     alpha - random weights would accept nothing;
   * hf_static: HF transformers generate() with its static cache (auto-compiled), same shapes; the
     fastest of HF_RUNS timed calls after a warm-up (each in `details`).
-Beside throughput and each step's parts: the gateway's CPU time per request step (all its threads,
+Each target-only and oracle configuration runs `--rounds` times in a row (default 3; until 2026-12-06 once):
+its figures are those of its round of median throughput, every round's tok/s in `details`. Beside
+throughput and each step's parts: the gateway's CPU time per request step (all its threads,
 bench/process_cpu.py), target-only and alpha 0.8, k 4 at each batch - its loop serves every request.
 Writes bench/results/gpu_e2e.json. `--tiny` runs the same flow with tiny models on the CPU (a check
 of the script, no meaningful numbers). `--draft-ahead` has the draft draft ahead while the target
@@ -35,7 +37,7 @@ Usage: python bench/gpu_e2e.py [--tiny] [--skip-hf] [--layer-kernels auto|fused|
                                [--batches 1 8] [--ks 2 4] [--draft-ahead] [--draft-gpu N]
                                [--draft-head-rows N] [--draft-quantize none|int8|w8a8] [--busy-poll auto|on|off]
                                [--idle-poll auto|on|off] [--idle-cpus-ab] [--pin-services] [--pin-ab]
-                               [--[no-]draft-pdl] [--mps] [--out PATH]
+                               [--[no-]draft-pdl] [--mps] [--rounds N] [--out PATH]
 """
 from __future__ import annotations
 
@@ -85,6 +87,7 @@ LLAMA_1B = dict(vocab_size=128256, hidden_size=2048, intermediate_size=8192, num
 TINY = dict(vocab_size=400, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, max_position_embeddings=512)
 ALPHAS, KS, BATCHES = (0.6, 0.8, 0.9), (2, 4), (1, 8)
+ROUND_KEYS = ("rounds_tok_s", "rounds_rpc_overhead_fraction", "rounds_outputs_differ")  # run_rounds' own
 
 
 def write_model_dir(path: Path, shape: dict, tokenizer) -> str:
@@ -204,6 +207,18 @@ def run_config(stub, prompts: list[str], batch: int, max_new: int, k: int, draft
     }
 
 
+def run_rounds(rounds: int, stub, prompts: list[str], batch: int, max_new: int, k: int, draft_model: str | None = None,
+               gateway_pid: int | None = None) -> dict:
+    """run_config `rounds` times over the same processes: the round of median throughput, whole (its step's parts
+    are that round's), with every round's tok/s and fraction outside the forwards beside it, and how many of the
+    later rounds' outputs differ from the first's (greedy: none should)."""
+    results = [run_config(stub, prompts, batch, max_new, k, draft_model, gateway_pid) for _ in range(rounds)]
+    median = sorted(results, key=lambda r: r["tok_s"])[(rounds - 1) // 2]  # of an even count, the lower one
+    return {**median, "rounds_tok_s": [r["tok_s"] for r in results],
+            "rounds_rpc_overhead_fraction": [r["rpc_overhead_fraction"] for r in results],
+            "rounds_outputs_differ": sum(r["token_ids"] != results[0]["token_ids"] for r in results[1:])}
+
+
 HF_RUNS = 3  # timed generate() calls after the warm-up; HF's figure is the fastest (the ratios to it the least)
 
 
@@ -266,6 +281,9 @@ def main() -> None:
                         help="measure target-only and alpha 0.8 again with each service pinned to a CPU of its own")
     parser.add_argument("--mps", action="store_true",
                         help="the services share one GPU context through a CUDA MPS daemon of this run's own (bench/mps.py)")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="each target-only and oracle configuration measured this many times in a row; its "
+                             "figures are the round of median throughput (every round's in details)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "gpu_e2e.json")
     args = parser.parse_args()
     batches, ks = args.batches, args.ks
@@ -273,6 +291,8 @@ def main() -> None:
         parser.error(f"--mps: {why}")
     if args.pin_ab and (args.idle_cpus_ab or args.pin_services):
         parser.error("--pin-ab starts the services unpinned and measures one variant: not with --idle-cpus-ab or --pin-services")
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
     if 4 not in ks or 1 not in batches:  # the headline figures (metrics without a _bs suffix)
         parser.error("--ks must include 4 and --batches 1: the headline is alpha 0.8, k 4, batch 1")
     device = "cpu" if args.tiny else "cuda"
@@ -331,7 +351,9 @@ def main() -> None:
             with grpc.insecure_channel(plain) as channel:
                 stub = gateway_pb2_grpc.GatewayStub(channel)
                 for batch in batches:
-                    result = run_config(stub, prompts, batch, args.max_new_tokens, 0, gateway_pid=plain_gateway.process.pid)
+                    result = run_rounds(args.rounds, stub, prompts, batch, args.max_new_tokens, 0,
+                                        gateway_pid=plain_gateway.process.pid)
+                    details[f"target_only_bs{batch}"] = {key: result[key] for key in ROUND_KEYS}
                     metrics[f"target_only_tok_s_bs{batch}"] = result["tok_s"]
                     metrics[f"target_only_step_ms_bs{batch}"] = result["step_ms"]
                     metrics[f"target_only_gateway_cpu_us_per_step_bs{batch}"] = result["gateway_cpu_us_per_step"]
@@ -373,8 +395,8 @@ def main() -> None:
                         write_continuations(continuations, prompt_ids, reference)
                         for alpha in ALPHAS:
                             ahead_before = ahead_counts(draft)
-                            result = run_config(stub, prompts, batch, args.max_new_tokens, k, f"oracle-{alpha:g}",
-                                                gateway_pid=spec_gateway.process.pid)
+                            result = run_rounds(args.rounds, stub, prompts, batch, args.max_new_tokens, k,
+                                                f"oracle-{alpha:g}", gateway_pid=spec_gateway.process.pid)
                             name = f"alpha{alpha:g}_k{k}_bs{batch}"
                             if args.draft_ahead:
                                 hits, misses = (a - b for a, b in zip(ahead_counts(draft), ahead_before))
