@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from engine.batching_loop import ForwardObserver, torch_thread
 from engine.drafter import Drafter
 from engine.model_drafter import ModelDrafter
-from engine.model_runner import ModelRunner, RuntimeConfig, release_cached_gpu_memory
+from engine.cuda_graphs import release_cached_gpu_memory
+from engine.model_runner import ModelRunner, RuntimeConfig
 from engine.ngram_drafter import NgramDrafter
 from specdec.errors import IncompatibleModelsError, InvalidRequestError, NotFoundError, SpecdecError
 

@@ -131,6 +131,7 @@ class CudaGraphRunner:
             for b, q in shapes:
                 self._graphs[(b, q)] = self._capture(b, q)
                 bar.update()
+        release_cached_gpu_memory()  # the warm-ups' temporaries, once `capture` no longer empties the cache each time
 
     def can_run(self, steps: list[StepInput]) -> bool:
         return (len(steps) <= self._config.batch_buckets[-1]
@@ -292,6 +293,16 @@ def capture(fn: Callable[[], T], pool: tuple) -> tuple[torch.cuda.CUDAGraph, T]:
             graph.capture_end()
     torch.cuda.current_stream().wait_stream(stream)
     return graph, out
+
+
+def release_cached_gpu_memory() -> None:
+    """Gives the GPU back the memory PyTorch's caching allocator keeps from freed tensors (a stopped model's weights,
+    KV pool and graph pools; the capture warm-ups' temporaries), for other processes and later loads; a no-op without
+    CUDA. It frees device memory, so it synchronizes the device (a stall of the work in flight, once) and must not run
+    while this process captures a graph on another thread: the caller keeps captures out (the draft service's loads and
+    releases take turns)."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
 
 
 @functools.cache

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from engine.batch import ForwardBatch, StepInput
-from engine.cuda_graphs import StaticInputs, buckets_covering, capture
+from engine.cuda_graphs import StaticInputs, buckets_covering, capture, release_cached_gpu_memory
 from engine.gpu_work import GpuWork, run_to_end
 from engine.kv_cache import SCRATCH_BLOCK
 from engine.model_runner import POSITION_HEADROOM, ModelRunner
@@ -233,6 +233,7 @@ class DraftLoop:
                     loop.graphs.append(capture(step, self._pool)[0])
                     bar.update()
                 self._loops[shape] = loop
+        release_cached_gpu_memory()  # the warm-ups' temporaries (engine/cuda_graphs.py)
 
     def _build(self, b: int, q: int, sampled: bool) -> _DeviceLoop:
         runner, device, c = self._runner, self._runner.device, self._config

@@ -253,15 +253,6 @@ def kv_tokens_for_memory(free_bytes: int, fraction: float, bytes_per_token: int)
     return int(free_bytes * fraction) // bytes_per_token
 
 
-def release_cached_gpu_memory() -> None:
-    """Gives the GPU back the memory PyTorch's caching allocator keeps from freed tensors (a stopped model's weights,
-    KV pool and graph pools), for other processes and later loads; a no-op without CUDA. It frees device memory, so
-    it synchronizes the device (a stall of the work in flight, once) and must not run while this process captures a
-    graph: the caller keeps captures out."""
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        torch.cuda.empty_cache()
-
-
 def _attention_backend(name: str, device: torch.device, fixed_ranges_for: int | None) -> AttentionFn:
     """`fixed_ranges_for`: a max_model_len to fix the Triton kernel's key ranges for (batch-invariant)."""
     if name == "reference" or (name == "auto" and device.type != "cuda"):
