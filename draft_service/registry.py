@@ -23,9 +23,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from engine.batching_loop import ForwardObserver, torch_thread
+from engine.cuda_graphs import release_cached_gpu_memory
 from engine.drafter import Drafter
 from engine.model_drafter import ModelDrafter
-from engine.cuda_graphs import release_cached_gpu_memory
 from engine.model_runner import ModelRunner, RuntimeConfig
 from engine.ngram_drafter import NgramDrafter
 from specdec.errors import IncompatibleModelsError, InvalidRequestError, NotFoundError, SpecdecError

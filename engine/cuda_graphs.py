@@ -279,7 +279,8 @@ def capture(fn: Callable[[], T], pool: tuple) -> tuple[torch.cuda.CUDAGraph, T]:
     """Warms `fn` up (compiling Triton kernels), then captures it; returns its static output. Both on one side stream of
     the process, as `capture_begin`/`capture_end`: not in `torch.cuda.graph`, whose every entry synchronizes the
     device and empties PyTorch's device and pinned-host caches - a draft's load captures 100+ graphs while the
-    service's other draft serves, and each `cudaFree` of an emptied cache waits for that draft's forwards too."""
+    service's other draft serves, and each `cudaFree` of an emptied cache waits for that draft's forwards too. Callers
+    give the warm-ups' temporaries back once, after their last capture (release_cached_gpu_memory)."""
     stream = capture_stream(torch.cuda.current_device())
     stream.wait_stream(torch.cuda.current_stream())
     graph = torch.cuda.CUDAGraph()
