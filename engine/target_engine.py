@@ -12,6 +12,8 @@ results are answered as soon as it is read back, not once the iteration's last f
 """
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -38,10 +40,17 @@ class TargetEngineConfig:
     """Jobs an iteration: the runner's max_batch_size (its largest graph bucket), not a second value."""
 
     max_num_batched_tokens: int = 2048  # tokens per forward; longer prompts are chunked
+    # prompts prefilling in one iteration, at most (0: as many as the token budget takes); the others wait their
+    # turn in arrival order. With a batch-invariant runner each prompt's chunk is a forward of its own, and running
+    # requests' next verifies wait for the iteration's last: 1 holds them up by one prefill forward, not a burst's
+    max_prefills_per_iteration: int = 0
 
     def __post_init__(self) -> None:
         if self.max_num_batched_tokens < 1:
             raise ValueError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
+        if self.max_prefills_per_iteration < 0:
+            raise ValueError(f"max_prefills_per_iteration must be >= 0 (0: no limit), got "
+                             f"{self.max_prefills_per_iteration}")
 
 
 @dataclass
@@ -88,6 +97,8 @@ class TargetEngine:
         self.num_forwards = 0
         self.num_sequence_steps = 0
         self._rehearsal: tuple[Rehearsal, TargetSequence] | None = None
+        limit = config.max_prefills_per_iteration
+        self._prefill_turns = asyncio.Semaphore(limit) if limit else contextlib.nullcontext()
 
     def start(self) -> None:
         self._loop.start()
@@ -119,7 +130,8 @@ class TargetEngine:
         self.num_active_sequences += 1
         self.num_sequences_started += 1
         try:
-            outcome = await self._loop.submit(_Job(seq, None))
+            async with self._prefill_turns:  # a prompt's chunks all run in its turn (FIFO: asyncio.Semaphore)
+                outcome = await self._loop.submit(_Job(seq, None))
         except BaseException:
             self.release(seq)
             raise

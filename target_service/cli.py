@@ -5,11 +5,10 @@ import argparse
 
 from engine.model_runner import RuntimeConfig
 from engine.model_source import DEFAULT_MODEL
-from engine.target_engine import TargetEngineConfig
 from specdec.cli_args import (add_runtime_args, add_server_args, configure_and_run, env_default, runtime_config,
                               parse_service_args)
 from specdec.tls import add_server_tls_args, server_tls_config
-from target_service.server import run
+from target_service.server import engine_config, run
 
 # The target's runtime on CUDA unless flags say otherwise: fused layer kernels (batch-invariant) and kernel stages (the
 # same bits in every process; specdec/cli_args.add_runtime_args). On CPU the runtime's own defaults.
@@ -24,6 +23,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-num-batched-tokens", type=int,
                         default=env_default("SPECDEC_TARGET", "max_num_batched_tokens", 2048),
                         help="tokens per forward; longer prompts are prefilled in chunks")
+    parser.add_argument("--max-prefills-per-iteration", type=int,
+                        default=env_default("SPECDEC_TARGET", "max_prefills_per_iteration", 0),
+                        help="prompts prefilled in one engine iteration, at most; others wait their turn in arrival "
+                             "order (0: as many as --max-num-batched-tokens takes). 1: with the fused kernels each "
+                             "prompt is a forward of its own, and running requests wait for one, not a burst's")
     add_server_tls_args(parser, "SPECDEC_TARGET")
     args = parse_service_args(parser, argv)
     server_tls_config(args)  # its files checked before the model loads, not after
@@ -31,7 +35,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _config(args: argparse.Namespace) -> RuntimeConfig:
-    TargetEngineConfig(int(args.max_num_batched_tokens))  # refused here, before the model loads
+    engine_config(args)  # refused here, before the model loads
     return runtime_config(args)
 
 

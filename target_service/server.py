@@ -44,14 +44,18 @@ async def start_target_server(
     )
 
 
+def engine_config(args: argparse.Namespace) -> TargetEngineConfig:
+    """The engine's flags (target_service/cli.py); raises ValueError on a bad value."""
+    return TargetEngineConfig(int(args.max_num_batched_tokens), int(args.max_prefills_per_iteration))
+
+
 def run(args: argparse.Namespace, config: RuntimeConfig) -> None:
-    engine_config = TargetEngineConfig(args.max_num_batched_tokens)
     executor = torch_thread()
     runner = executor.submit(ModelRunner, config).result()  # load on its torch thread (on a CPU the one that runs it: batching_loop)
     busy_poll = busy_poll_enabled(args.busy_poll, runner.device.type)
     idle_poll = busy_poll_enabled(args.idle_poll, runner.device.type)
     asyncio.run(serve_until_signal(
-        lambda: start_target_server(runner, args.host, args.port, engine_config, args.ready_file, executor,
+        lambda: start_target_server(runner, args.host, args.port, engine_config(args), args.ready_file, executor,
                                     args.metrics_port, server_tls_config(args), busy_poll, idle_poll,
                                     args.unix_socket),
         args.cpus, args.shutdown_grace_s,

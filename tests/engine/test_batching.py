@@ -269,3 +269,79 @@ def test_a_fused_engine_answers_each_request_once_its_own_forward_is_read_back(m
     assert events[:5] == ["verify answered", "prompt 0 answered", "prompt 1 answered", "mixed iteration of 4 ends",
                           "prompt 2 answered"]
     assert burst == alone
+
+
+@pytest.mark.parametrize("max_prefills", [0, 1])
+def test_one_prefill_an_iteration_lets_a_running_request_verify_between_a_bursts_prompts(model_dirs, max_prefills):
+    """--max-prefills-per-iteration 1 (fused kernels: each prompt a forward of its own): a request verifying step after
+    step while a burst of three prompts arrives gets its next verify into the iteration after each prompt's, not
+    after all three; no iteration holds two prefills. Without the limit the burst's three prefills share the first
+    iteration and the request's later verifies wait for all of them. Every token is the same either way."""
+    runner = ModelRunner(RuntimeConfig(model=str(model_dirs["target"]), kv_cache_tokens=2048, layer_kernels="fused",
+                                       attention_backend="triton"))
+    events: list[str] = []
+    iterations: list[tuple[str, int]] = []
+
+    class Iterations:
+        def observe_forward(self, phase: str, batch_size: int, duration_s: float) -> None:
+            iterations.append((phase, batch_size))
+
+    prompts = [list(range(30 + 20 * i, 50 + 20 * i)) for i in range(3)]  # 20 tokens: a forward of its own each
+
+    async def main() -> tuple[tuple, tuple]:
+        engine = TargetEngine(runner, TargetEngineConfig(max_prefills_per_iteration=max_prefills))
+        engine.observe_forwards(Iterations())
+        engine.start()
+        running, _, _ = await engine.prefill([5, 6, 7], 16)
+        iterations.clear()
+
+        async def verify(seq) -> list[list[int]]:
+            committed = []
+            for step in range(3):
+                verification, _ = await engine.verify(seq, [1, 2])
+                committed.append(verification.committed_ids)
+                events.append(f"verify {step} answered")
+            engine.release(seq)
+            return committed
+
+        async def prefill(i: int) -> int:
+            seq, first, _ = await engine.prefill(prompts[i], 4)
+            events.append(f"prompt {i} answered")
+            engine.release(seq)
+            return first
+
+        committed, *firsts = await asyncio.gather(verify(running), *(prefill(i) for i in range(3)))
+        num_iterations = len(iterations)
+        alone = await verify((await engine.prefill([5, 6, 7], 16))[0]), [await prefill(i) for i in range(3)]
+        del iterations[num_iterations:], events[-6:]
+        await engine.stop()
+        return (committed, firsts), alone
+
+    together, alone = asyncio.run(main())
+    prefilling = [size - (phase == "mixed") for phase, size in iterations if phase != "verify"]  # one verify each
+    if max_prefills:
+        assert prefilling == [1, 1, 1]
+        assert events.index("verify 2 answered") < events.index("prompt 2 answered")
+    else:
+        assert prefilling == [3]
+        assert events.index("verify 1 answered") > events.index("prompt 2 answered")
+    assert together == alone  # the same tokens as each request's own, one at a time
+
+
+def test_a_prompt_cancelled_while_waiting_its_prefill_turn_leaves_no_kv_and_no_turn_taken(model_dirs):
+    """--max-prefills-per-iteration 1: a request dropped while another prompt prefills gives its KV blocks back, and
+    the prompt after it still gets its turn."""
+    async def main() -> dict:
+        engine = TargetEngine(_runner(model_dirs["target"]), TargetEngineConfig(max_prefills_per_iteration=1))
+        engine.start()
+        first, dropped, last = (asyncio.create_task(engine.prefill(p, 8)) for p in PROMPTS[1:])
+        await asyncio.sleep(0)  # all three admitted; the first holds the turn, the others wait for it
+        dropped.cancel()
+        for seq, _, _ in [await first, await last]:
+            engine.release(seq)
+        await engine.stop()
+        return engine.stats()
+
+    stats = asyncio.run(main())
+    assert stats["num_kv_blocks_used"] == 0 and stats["num_active_sequences"] == 0
+    assert stats["num_sequences_started"] == 3

@@ -20,6 +20,7 @@ from target_service.cli import main as target_main
      "--num-draft-tokens must be in [0, --max-num-draft-tokens]"),
     (gateway_main, ["--target", "127.0.0.1:1", "--connect-timeout-s", "0"], "--connect-timeout-s must be > 0"),
     (target_main, ["--max-num-batched-tokens", "0"], "--max-num-batched-tokens must be >= 1"),
+    (target_main, ["--max-prefills-per-iteration", "-1"], "--max-prefills-per-iteration must be >= 0 (0: no limit)"),
     (target_main, ["--num-threads", "-1"], "--num-threads must be >= 1"),
     (target_main, ["--max-model-len", "0"], "--max-model-len must be >= 2"),
     (target_main, ["--device", "tpu9"], "--device 'tpu9'"),
