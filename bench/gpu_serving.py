@@ -1,0 +1,281 @@
+"""A serving benchmark of the trio, as `vllm bench serve` measures one: requests arrive as a Poisson process at a
+given rate, and each one's latency is taken apart into time to first token, time per output token and the gaps
+between its chunks, as users compare serving systems.
+
+The trio as processes (bench/gpu_e2e.py's models: random Llama-3.1-8B-shape target, Llama-3.2-1B-shape draft, bf16;
+`--tiny`: tiny models on the CPU, a check of the script, no meaningful numbers), started once. The draft is
+bench/oracle_draft.py: SYNTHETIC ACCEPTANCE - the draft runs its real forwards, then its proposals are replaced by
+the target's known greedy continuation at rate `--alpha` (random weights would accept nothing). The model services
+run with `--max-batch-size`; `--target-arg=--FLAG=VALUE` (repeatable; give it with `=`) appends an argument to the
+target service's command line, and `--label` names the run, so an A/B of a target option is two invocations
+writing two reports (e.g. `--label base` and `--label one_prefill --target-arg=--max-prefills-per-iteration=1`).
+
+First each prompt's reference: its greedy output target-only (k = 0), one request at a time, which the oracle
+proposes from. Then for each rate of `--rates` (requests/s; `inf` sends them all at once) and each mode, target_only
+(k = 0) and spec (k = `--k`, the oracle at alpha), after a short warm-up request: `--num-requests` greedy requests
+whose start times follow a Poisson process (exponential gaps of mean 1/rate, drawn from `--seed`: the same schedule
+for both modes), prompts cycled, each in a thread of its own over the streaming Generate RPC; every chunk's arrival
+(time.perf_counter) and token count are kept. Per request, over the requests that completed:
+  * TTFT: from sending it to its first chunk;
+  * TPOT: (last chunk - first chunk) / (tokens - 1), the time per token after the first;
+  * ITL: each gap between consecutive chunks of the request. In spec mode a chunk carries every token a step
+    committed (1 to k + 1), so an ITL is a step's time, not a token's - as vLLM's bench reports ITL for
+    speculative decoding too; TPOT is the per-token figure.
+Percentiles by linear interpolation between the closest ranks (numpy's default, which vLLM's bench uses).
+Every output is checked equal to its prompt's reference; failures (gRPC errors) are counted by status code.
+
+Writes bench/results/gpu_serving.json (`--out`); metrics per `{mode}_rate{rate:g}_`: ttft_ms_p50, ttft_ms_p99,
+tpot_ms_p50, tpot_ms_p99, itl_ms_p50, itl_ms_p99, itl_ms_max, tok_s (generated tokens / (last finish - first
+send)), req_s (completed requests / the same span), requests_completed, requests_failed, failures_by_code,
+outputs_differ, tokens_per_chunk, acceptance_rate (spec: accepted / drafted tokens); and alpha, k, label,
+target_args, max_batch_size, num_requests, max_new_tokens, seed.
+Usage: python bench/gpu_serving.py [--tiny] [--rates 4 8 16] [--num-requests 64] [--max-new-tokens 128]
+                                   [--alpha 0.8] [--k 4] [--max-batch-size 8] [--seed 0] [--label NAME]
+                                   [--target-arg=--FLAG=VALUE ...] [--draft-quantize none|int8|w8a8]
+                                   [--draft-head-rows N] [--out PATH]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "bench"), str(ROOT / "tests")]
+
+import specdec  # noqa: E402,F401 - before grpc: it picks gRPC's poller (specdec/__init__.py)
+import grpc  # noqa: E402
+
+from gpu_e2e import bench_models, generate, write_continuations  # noqa: E402
+from report import save_report  # noqa: E402
+
+from specdec.client import build_request  # noqa: E402
+from specdec.launch import Trio, interrupt_on_sigterm  # noqa: E402
+from specdec.v1 import gateway_pb2, gateway_pb2_grpc  # noqa: E402
+
+MODES = ("target_only", "spec")
+REQUEST_TIMEOUT_S = 600
+
+
+@dataclass
+class RequestRecord:
+    """What one request's client saw: its prompt's index, when it was sent, each chunk's (arrival, token count),
+    when its stream ended, its output, the failure's status code name (None: it completed), its step counts."""
+
+    prompt: int
+    sent: float
+    chunks: list[tuple[float, int]]
+    finished: float
+    token_ids: list[int]
+    error: str | None = None
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+
+
+def poisson_schedule(num_requests: int, rate: float, seed: int) -> list[float]:
+    """Start times (s after the first) of `num_requests` requests arriving as a Poisson process of `rate` per second:
+    0, then exponential gaps of mean 1 / rate drawn from `seed` (all 0 at an infinite rate)."""
+    rng = random.Random(seed)
+    times, at = [], 0.0
+    for i in range(num_requests):
+        if i:
+            at += rng.expovariate(rate)
+        times.append(at)
+    return times
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """The `q`th percentile (0-100) of `values` by linear interpolation between the closest ranks (numpy's default,
+    as vLLM's bench computes them): rank q / 100 * (n - 1) of the sorted values; None for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = q / 100 * (len(ordered) - 1)
+    low = int(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def request_figures(sent: float, chunks: list[tuple[float, int]]) -> tuple[float | None, float | None, list[float]]:
+    """A request's TTFT (s, sent to first chunk), TPOT (s, (last chunk - first chunk) / (tokens - 1); None for fewer
+    than 2 tokens) and ITLs (s, the gaps between consecutive chunks) from its chunks' (arrival, token count)."""
+    if not chunks:
+        return None, None, []
+    arrivals = [at for at, _ in chunks]
+    tokens = sum(n for _, n in chunks)
+    tpot = (arrivals[-1] - arrivals[0]) / (tokens - 1) if tokens > 1 else None
+    return arrivals[0] - sent, tpot, [b - a for a, b in zip(arrivals, arrivals[1:])]
+
+
+def _ms(seconds: float | None) -> float | None:
+    """Seconds to milliseconds, None kept."""
+    return None if seconds is None else 1e3 * seconds
+
+
+def aggregate(records: list[RequestRecord], references: list[list[int]], prefix: str) -> dict:
+    """One run's metrics, each name `prefix` + figure: latency percentiles over the completed requests, throughput
+    over the span from the first send to the last finish, failures by code, outputs unlike their reference."""
+    done = [r for r in records if r.error is None]
+    figures = [request_figures(r.sent, r.chunks) for r in done]
+    ttfts = [ttft for ttft, _, _ in figures if ttft is not None]
+    tpots = [tpot for _, tpot, _ in figures if tpot is not None]
+    itls = [gap for _, _, gaps in figures for gap in gaps]
+    span = max(r.finished for r in records) - min(r.sent for r in records) if records else 0.0
+    tokens = sum(len(r.token_ids) for r in done)
+    chunks = sum(len(r.chunks) for r in done)
+    drafted = sum(r.num_draft_tokens for r in done)
+    failures = Counter(r.error for r in records if r.error is not None)
+    figures_by_name = {
+        "ttft_ms_p50": _ms(percentile(ttfts, 50)), "ttft_ms_p99": _ms(percentile(ttfts, 99)),
+        "tpot_ms_p50": _ms(percentile(tpots, 50)), "tpot_ms_p99": _ms(percentile(tpots, 99)),
+        "itl_ms_p50": _ms(percentile(itls, 50)), "itl_ms_p99": _ms(percentile(itls, 99)),
+        "itl_ms_max": _ms(max(itls, default=None)),
+        "tok_s": tokens / span if span > 0 else 0.0, "req_s": len(done) / span if span > 0 else 0.0,
+        "requests_completed": len(done), "requests_failed": sum(failures.values()),
+        "failures_by_code": dict(failures),
+        "outputs_differ": sum(r.token_ids != references[r.prompt] for r in done),
+        "tokens_per_chunk": tokens / chunks if chunks else None,
+        "acceptance_rate": sum(r.num_accepted_tokens for r in done) / drafted if drafted else None,
+    }
+    return {f"{prefix}{name}": value for name, value in figures_by_name.items()}
+
+
+def send(stub: gateway_pb2_grpc.GatewayStub, request: gateway_pb2.GenerateRequest, prompt: int,
+         records: list[RequestRecord | None], index: int) -> None:
+    """One streamed Generate: every chunk's arrival and token count, the output or the failure's code, into
+    `records[index]`."""
+    chunks, token_ids, error, final = [], [], None, None
+    sent = time.perf_counter()
+    try:
+        for chunk in stub.Generate(request, timeout=REQUEST_TIMEOUT_S):
+            now = time.perf_counter()
+            if chunk.token_ids:
+                chunks.append((now, len(chunk.token_ids)))
+                token_ids += chunk.token_ids
+            final = chunk
+    except grpc.RpcError as e:
+        error = e.code().name
+    stats = final.stats if final is not None else None
+    records[index] = RequestRecord(prompt, sent, chunks, time.perf_counter(), token_ids, error,
+                                   stats.num_draft_tokens if stats else 0, stats.num_accepted_tokens if stats else 0)
+
+
+def run_load(stub: gateway_pb2_grpc.GatewayStub, requests: list[tuple[int, gateway_pb2.GenerateRequest]],
+             schedule: list[float]) -> list[RequestRecord]:
+    """Sends request i (prompt index, request) `schedule[i]` s from now, each in a thread of its own; returns their
+    records once every one has finished."""
+    records: list[RequestRecord | None] = [None] * len(requests)
+    threads = []
+    started = time.perf_counter()
+    for i, ((prompt, request), at) in enumerate(zip(requests, schedule)):
+        time.sleep(max(0.0, started + at - time.perf_counter()))
+        thread = threading.Thread(target=send, args=(stub, request, prompt, records, i), daemon=True)
+        thread.start()
+        threads.append(thread)
+    for thread in threads:
+        thread.join()
+    return records
+
+
+def mode_settings(mode: str, args: argparse.Namespace) -> tuple[int, str | None]:
+    """A mode's draft tokens per step and draft name: target_only k 0; spec k `args.k` on the oracle at alpha."""
+    return (0, None) if mode == "target_only" else (args.k, f"oracle-{args.alpha:g}")
+
+
+def serve_rates(stub: gateway_pb2_grpc.GatewayStub, prompts: list[str], references: list[list[int]],
+                args: argparse.Namespace) -> dict:
+    """Every rate in both modes, each after a warm-up request; the metrics of every run."""
+    metrics = {}
+    for rate in args.rates:
+        schedule = poisson_schedule(args.num_requests, rate, args.seed)
+        for mode in MODES:
+            k, draft = mode_settings(mode, args)
+            generate(stub, prompts[0], 8, k, draft)  # warm the path
+            requests = [(i % len(prompts), build_request(prompts[i % len(prompts)], chat=False,
+                                                         max_new_tokens=args.max_new_tokens, num_draft_tokens=k,
+                                                         stop=[], draft_model=draft))
+                        for i in range(args.num_requests)]
+            started = time.perf_counter()
+            records = run_load(stub, requests, schedule)
+            run = aggregate(records, references, f"{mode}_rate{rate:g}_")
+            print(f"gpu_serving: {mode} at {rate:g} req/s: {len(records)} requests in "
+                  f"{time.perf_counter() - started:.1f} s, {run[f'{mode}_rate{rate:g}_requests_failed']} failed",
+                  file=sys.stderr, flush=True)
+            metrics.update(run)
+    return metrics
+
+
+def parse_args() -> argparse.Namespace:
+    """The command line (module doc)."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tiny", action="store_true", help="tiny models on the CPU: checks the script only")
+    parser.add_argument("--rates", type=float, nargs="+", default=[4.0, 8.0, 16.0],
+                        help="request arrival rates (requests/s; inf: all at once)")
+    parser.add_argument("--num-requests", type=int, default=64, help="requests per rate and mode")
+    parser.add_argument("--num-prompts", type=int, default=8, help="distinct prompts, cycled over the requests")
+    parser.add_argument("--prompt-tokens", type=int, default=128)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--alpha", type=float, default=0.8, help="the oracle draft's synthetic acceptance rate")
+    parser.add_argument("--k", type=int, default=4, help="draft tokens per step in spec mode")
+    parser.add_argument("--max-batch-size", type=int, default=8, help="the model services' --max-batch-size")
+    parser.add_argument("--seed", type=int, default=0, help="of the Poisson arrival times")
+    parser.add_argument("--label", default="", help="names the run in the report")
+    parser.add_argument("--target-arg", action="append", default=[], metavar="--FLAG=VALUE",
+                        help="an argument appended to the target service's command line (repeatable; give it with =)")
+    parser.add_argument("--draft-quantize", choices=["none", "int8", "w8a8"], default="none")
+    parser.add_argument("--draft-head-rows", type=int, default=None,
+                        help="the draft's LM head keeps this many vocabulary rows (default: all)")
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "gpu_serving.json")
+    args = parser.parse_args()
+    if args.num_requests < 1 or args.k < 1 or args.max_batch_size < 1:
+        parser.error("--num-requests, --k and --max-batch-size must be at least 1")
+    if any(not rate > 0 for rate in args.rates):
+        parser.error("--rates must be positive")
+    return args
+
+
+def main() -> None:
+    interrupt_on_sigterm()  # a timeout's SIGTERM still stops the services
+    os.environ.setdefault("TQDM_DISABLE", "1")  # the services' capture progress bars: they drown a log's tail
+    args = parse_args()
+    metrics = {"label": args.label, "alpha": args.alpha, "k": args.k, "target_args": args.target_arg,
+               "max_batch_size": args.max_batch_size, "num_requests": args.num_requests,
+               "max_new_tokens": args.max_new_tokens, "seed": args.seed}
+    with tempfile.TemporaryDirectory(prefix="specdec-serving-") as tmp:
+        work = Path(tmp)
+        models = bench_models(work, args.tiny, args.draft_head_rows, args.num_prompts, args.prompt_tokens,
+                              args.max_new_tokens)
+        flags = [*models.service_flags, "--max-batch-size", str(args.max_batch_size)]
+        continuations = work / "continuations.json"
+        continuations.write_text("[]")
+        trio = Trio(work)
+        try:
+            target = trio.spawn("target", "target_service", ["--model", models.target, *flags, *args.target_arg],
+                                unix_socket=True)
+            draft = trio.spawn("draft", "bench.oracle_draft", [
+                "--model", models.draft, "--continuations", str(continuations), "--alphas", f"{args.alpha:g}",
+                "--quantize", args.draft_quantize, *flags], unix_socket=True)
+            target_address, draft_address = trio.wait_ready(target, 900), trio.wait_ready(draft, 900)
+            gateway = trio.wait_ready(trio.spawn("gateway", "gateway", [
+                "--target", target_address, "--draft", draft_address, "--log-level", "WARNING"]), 60)
+            with grpc.insecure_channel(gateway) as channel:
+                stub = gateway_pb2_grpc.GatewayStub(channel)
+                references = [generate(stub, p, args.max_new_tokens, 0).token_ids for p in models.prompts]
+                write_continuations(continuations, models.prompt_ids, references)
+                metrics.update(serve_rates(stub, models.prompts, references, args))
+        finally:
+            trio.stop()
+    save_report("gpu_serving", metrics, args.out,
+                note=f"spec: SYNTHETIC acceptance (oracle draft, alpha {args.alpha:g}, k {args.k}); random weights; "
+                     f"Poisson arrivals; ITL is per chunk (a spec chunk carries a step's tokens)")
+
+
+if __name__ == "__main__":
+    main()
