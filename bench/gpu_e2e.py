@@ -169,6 +169,19 @@ def generate(stub, prompt: str, max_new: int, k: int, draft_model: str | None = 
     return collect(stub.Generate(request, timeout=600))
 
 
+def gateway_over(trio: Trio, target: Service, draft: Service) -> str:
+    """Once `target` and `draft` serve, a gateway over them (their Unix sockets, where they listen on one); its
+    address."""
+    target_address, draft_address = trio.wait_ready(target, 900), trio.wait_ready(draft, 900)
+    return trio.wait_ready(trio.spawn("gateway", "gateway", [
+        "--target", target_address, "--draft", draft_address, "--log-level", "WARNING"]), 60)
+
+
+def target_only_outputs(stub, prompts: list[str], max_new: int) -> list[list[int]]:
+    """Each prompt's greedy tokens target-only (k = 0), one request at a time: the references."""
+    return [generate(stub, p, max_new, 0).token_ids for p in prompts]
+
+
 def run_config(stub, prompts: list[str], batch: int, max_new: int, k: int, draft_model: str | None = None,
                gateway_pid: int | None = None) -> dict:
     """`batch` concurrent streams at a time over all prompts; aggregate throughput and stats; with

@@ -53,7 +53,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "bench"), str(ROOT / "tests")]
 import specdec  # noqa: E402,F401 - before grpc: it picks gRPC's poller (specdec/__init__.py)
 import grpc  # noqa: E402
 
-from gpu_e2e import bench_models, generate, write_continuations  # noqa: E402
+from gpu_e2e import bench_models, gateway_over, generate, target_only_outputs, write_continuations  # noqa: E402
 from report import save_report  # noqa: E402
 
 from specdec.client import build_request  # noqa: E402
@@ -262,12 +262,9 @@ def main() -> None:
             draft = trio.spawn("draft", "bench.oracle_draft", [
                 "--model", models.draft, "--continuations", str(continuations), "--alphas", f"{args.alpha:g}",
                 "--quantize", args.draft_quantize, *flags], unix_socket=True)
-            target_address, draft_address = trio.wait_ready(target, 900), trio.wait_ready(draft, 900)
-            gateway = trio.wait_ready(trio.spawn("gateway", "gateway", [
-                "--target", target_address, "--draft", draft_address, "--log-level", "WARNING"]), 60)
-            with grpc.insecure_channel(gateway) as channel:
+            with grpc.insecure_channel(gateway_over(trio, target, draft)) as channel:
                 stub = gateway_pb2_grpc.GatewayStub(channel)
-                references = [generate(stub, p, args.max_new_tokens, 0).token_ids for p in models.prompts]
+                references = target_only_outputs(stub, models.prompts, args.max_new_tokens)
                 write_continuations(continuations, models.prompt_ids, references)
                 metrics.update(serve_rates(stub, models.prompts, references, args))
         finally:

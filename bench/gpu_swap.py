@@ -41,7 +41,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "bench"), str(ROOT / "tests")]
 import specdec  # noqa: E402,F401 - before grpc: it picks gRPC's poller (specdec/__init__.py)
 import grpc  # noqa: E402
 
-from gpu_e2e import bench_models, generate  # noqa: E402
+from gpu_e2e import bench_models, gateway_over, target_only_outputs  # noqa: E402
 from report import save_report  # noqa: E402
 from process_memory import Sampler, gpu_mib  # noqa: E402
 from soak import ADMIN_TOKEN, load_default_draft  # noqa: E402
@@ -170,12 +170,9 @@ def main() -> None:
             draft = trio.spawn("draft", "draft_service", [
                 "--drafter", "model", "--model", models.draft, "--admin-token", ADMIN_TOKEN,
                 "--quantize", args.draft_quantize, *flags], unix_socket=True)
-            target_address, draft_address = trio.wait_ready(target, 900), trio.wait_ready(draft, 900)
-            gateway = trio.wait_ready(trio.spawn("gateway", "gateway", [
-                "--target", target_address, "--draft", draft_address, "--log-level", "WARNING"]), 60)
-            with grpc.insecure_channel(gateway) as channel:
+            with grpc.insecure_channel(gateway_over(trio, target, draft)) as channel:
                 stub = gateway_pb2_grpc.GatewayStub(channel)
-                references = [generate(stub, p, args.max_new_tokens, 0).token_ids for p in models.prompts]
+                references = target_only_outputs(stub, models.prompts, args.max_new_tokens)
                 swap = functools.partial(load_default_draft, draft.address(), "default", models.draft, timeout_s=600)
                 metrics = run(stub, models.prompts, references, args, swap, draft.process.pid)
         finally:

@@ -13,7 +13,6 @@ results are answered as soon as it is read back, not once the iteration's last f
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -98,7 +97,8 @@ class TargetEngine:
         self.num_sequence_steps = 0
         self._rehearsal: tuple[Rehearsal, TargetSequence] | None = None
         limit = config.max_prefills_per_iteration
-        self._prefill_turns = asyncio.Semaphore(limit) if limit else contextlib.nullcontext()
+        self._prefill_turns = asyncio.Semaphore(limit) if limit else None
+        self._num_awaiting_turn = 0  # prompts admitted, waiting for their prefill's turn
 
     def start(self) -> None:
         self._loop.start()
@@ -113,7 +113,8 @@ class TargetEngine:
     def stats(self) -> dict[str, int]:
         """Counters read at the time of the call (the EngineStats message's fields)."""
         allocator = self.runner.kv.allocator
-        return {"num_active_sequences": self.num_active_sequences, "num_waiting_sequences": self.admission.num_waiting,
+        return {"num_active_sequences": self.num_active_sequences,
+                "num_waiting_sequences": self.admission.num_waiting + self._num_awaiting_turn,
                 "num_sequences_started": self.num_sequences_started, "num_forwards": self.num_forwards,
                 "num_sequence_steps": self.num_sequence_steps, "num_kv_blocks_used": allocator.num_used,
                 "num_kv_blocks_total": allocator.num_blocks, "kv_block_size": self.runner.kv.block_size}
@@ -130,12 +131,26 @@ class TargetEngine:
         self.num_active_sequences += 1
         self.num_sequences_started += 1
         try:
-            async with self._prefill_turns:  # a prompt's chunks all run in its turn (FIFO: asyncio.Semaphore)
-                outcome = await self._loop.submit(_Job(seq, None))
+            outcome = await self._prefill_in_turn(_Job(seq, None))
         except BaseException:
             self.release(seq)
             raise
         return seq, outcome.verification.committed_ids[0], outcome.timing
+
+    async def _prefill_in_turn(self, job: _Job) -> _Outcome:
+        """The prefill job, once it has a turn (config.max_prefills_per_iteration): every chunk of its prompt runs in
+        it. Turns go in arrival order (asyncio.Semaphore's waiters)."""
+        if self._prefill_turns is None:
+            return await self._loop.submit(job)
+        self._num_awaiting_turn += 1
+        try:
+            await self._prefill_turns.acquire()
+        finally:
+            self._num_awaiting_turn -= 1
+        try:
+            return await self._loop.submit(job)
+        finally:
+            self._prefill_turns.release()
 
     async def verify(self, seq: TargetSequence, draft_ids: list[int], draft_probs: list[Distribution] | None = None
                      ) -> tuple[Verification, StepTiming]:

@@ -30,7 +30,7 @@ FORWARD_SECONDS_BUCKETS = (0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.0
 ENGINE_STATS = {
     "num_active_sequences": ("specdec_engine_active_sequences", "gauge", "Sequences (open streams) holding state"),
     "num_waiting_sequences": ("specdec_engine_waiting_sequences", "gauge",
-                              "Sequences waiting for KV cache room before their prefill"),
+                              "Sequences waiting for KV cache room, or their prefill's turn, before their prefill"),
     "num_sequences_started": ("specdec_engine_sequences_started", "counter", "Sequences opened since start"),
     "num_forwards": ("specdec_engine_forwards", "counter", "Batched forward passes since start"),
     "num_sequence_steps": ("specdec_engine_sequence_steps", "counter",

@@ -330,18 +330,22 @@ def test_one_prefill_an_iteration_lets_a_running_request_verify_between_a_bursts
 
 def test_a_prompt_cancelled_while_waiting_its_prefill_turn_leaves_no_kv_and_no_turn_taken(model_dirs):
     """--max-prefills-per-iteration 1: a request dropped while another prompt prefills gives its KV blocks back, and
-    the prompt after it still gets its turn."""
-    async def main() -> dict:
+    the prompt after it still gets its turn; the prompts waiting for their turn count as waiting sequences."""
+    async def main() -> tuple[list[int], dict]:
         engine = TargetEngine(_runner(model_dirs["target"]), TargetEngineConfig(max_prefills_per_iteration=1))
         engine.start()
         first, dropped, last = (asyncio.create_task(engine.prefill(p, 8)) for p in PROMPTS[1:])
         await asyncio.sleep(0)  # all three admitted; the first holds the turn, the others wait for it
+        waiting = [engine.stats()["num_waiting_sequences"]]
         dropped.cancel()
+        await asyncio.sleep(0)
+        waiting.append(engine.stats()["num_waiting_sequences"])
         for seq, _, _ in [await first, await last]:
             engine.release(seq)
         await engine.stop()
-        return engine.stats()
+        return waiting, engine.stats()
 
-    stats = asyncio.run(main())
+    waiting, stats = asyncio.run(main())
+    assert waiting == [2, 1]
     assert stats["num_kv_blocks_used"] == 0 and stats["num_active_sequences"] == 0
-    assert stats["num_sequences_started"] == 3
+    assert stats["num_sequences_started"] == 3 and stats["num_waiting_sequences"] == 0
