@@ -169,11 +169,11 @@ def generate(stub, prompt: str, max_new: int, k: int, draft_model: str | None = 
     return collect(stub.Generate(request, timeout=600))
 
 
-def gateway_over(trio: Trio, target: Service, draft: Service) -> str:
-    """Once `target` and `draft` serve, a gateway over them (their Unix sockets, where they listen on one); its
-    address."""
+def gateway_over(trio: Trio, target: Service, draft: Service, name: str = "gateway") -> str:
+    """Once `target` and `draft` serve, a gateway `name` over them (their Unix sockets, where they listen on one);
+    its address."""
     target_address, draft_address = trio.wait_ready(target, 900), trio.wait_ready(draft, 900)
-    return trio.wait_ready(trio.spawn("gateway", "gateway", [
+    return trio.wait_ready(trio.spawn(name, "gateway", [
         "--target", target_address, "--draft", draft_address, "--log-level", "WARNING"]), 60)
 
 

@@ -6,13 +6,15 @@ The trio as processes (bench/gpu_e2e.py's models: random Llama-3.1-8B-shape targ
 `--tiny`: tiny models on the CPU, a check of the script, no meaningful numbers), started once. The draft is
 bench/oracle_draft.py: SYNTHETIC ACCEPTANCE - the draft runs its real forwards, then its proposals are replaced by
 the target's known greedy continuation at rate `--alpha` (random weights would accept nothing). The model services
-run with `--max-batch-size`; `--target-arg=--FLAG=VALUE` (repeatable; give it with `=`) appends an argument to the
-target service's command line, and `--label` names the run, so an A/B of a target option is two invocations
-writing two reports (e.g. `--label base` and `--label one_prefill --target-arg=--max-prefills-per-iteration=1`).
+run with `--max-batch-size`. `--variant LABEL[:--FLAG=VALUE,...]` (repeatable; default one, `base`) runs a target
+service and a gateway of its own for each variant, the flags appended to its target's command line, beside the
+others and sharing the one draft service: an A/B of a target option side by side in one run (e.g. `--variant base
+--variant one_prefill:--max-prefills-per-iteration=1`), each rate's runs in turn, the variants' order rotated from
+one rate to the next.
 
-First each prompt's reference: its greedy output target-only (k = 0), one request at a time, which the oracle
-proposes from. Then for each rate of `--rates` (requests/s; `inf` sends them all at once) and each mode, target_only
-(k = 0) and spec (k = `--k`, the oracle at alpha), after a short warm-up request: `--num-requests` greedy requests
+First each prompt's reference: its greedy output target-only (k = 0) on the first variant, one request at a time,
+which the oracle proposes from. Then for each rate of `--rates` (requests/s; `inf` sends them all at once), each mode,
+target_only (k = 0) and spec (k = `--k`, the oracle at alpha), and each variant, after a short warm-up request: `--num-requests` greedy requests
 whose start times follow a Poisson process (exponential gaps of mean 1/rate, drawn from `--seed`: the same schedule
 for both modes), prompts cycled, each in a thread of its own over the streaming Generate RPC; every chunk's arrival
 (time.perf_counter) and token count are kept. Per request, over the requests that completed:
@@ -24,14 +26,16 @@ for both modes), prompts cycled, each in a thread of its own over the streaming 
 Percentiles by linear interpolation between the closest ranks (numpy's default, which vLLM's bench uses).
 Every output is checked equal to its prompt's reference; failures (gRPC errors) are counted by status code.
 
-Writes bench/results/gpu_serving.json (`--out`); metrics per `{mode}_rate{rate:g}_`: ttft_ms_p50, ttft_ms_p99,
+Writes bench/results/gpu_serving.json (`--out`); metrics per `{label}_{mode}_rate{rate:g}_`: ttft_ms_p50, ttft_ms_p99,
 tpot_ms_p50, tpot_ms_p99, itl_ms_p50, itl_ms_p99, itl_ms_max, tok_s (generated tokens / (last finish - first
 send)), req_s (completed requests / the same span), requests_completed, requests_failed, failures_by_code,
-outputs_differ, tokens_per_chunk, acceptance_rate (spec: accepted / drafted tokens); and alpha, k, label,
-target_args, max_batch_size, num_requests, max_new_tokens, seed.
+outputs_differ, tokens_per_chunk, acceptance_rate (spec: accepted / drafted tokens); for each variant after the
+first `{label}_over_{first}_{mode}_rate{rate:g}_` + ttft_ms_p50, ttft_ms_p99, tpot_ms_p50, itl_ms_p99, tok_s (its
+figure / the first's); and alpha, k, variants (label: target flags), max_batch_size, num_requests, max_new_tokens,
+seed.
 Usage: python bench/gpu_serving.py [--tiny] [--rates 4 8 16] [--num-requests 64] [--max-new-tokens 128]
-                                   [--alpha 0.8] [--k 4] [--max-batch-size 8] [--seed 0] [--label NAME]
-                                   [--target-arg=--FLAG=VALUE ...] [--draft-quantize none|int8|w8a8]
+                                   [--alpha 0.8] [--k 4] [--max-batch-size 8] [--seed 0]
+                                   [--variant LABEL[:--FLAG=VALUE,...] ...] [--draft-quantize none|int8|w8a8]
                                    [--draft-head-rows N] [--out PATH]
 """
 from __future__ import annotations
@@ -44,6 +48,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -61,6 +66,7 @@ from specdec.launch import Trio, interrupt_on_sigterm  # noqa: E402
 from specdec.v1 import gateway_pb2, gateway_pb2_grpc  # noqa: E402
 
 MODES = ("target_only", "spec")
+RATIO_FIGURES = ("ttft_ms_p50", "ttft_ms_p99", "tpot_ms_p50", "itl_ms_p99", "tok_s")
 REQUEST_TIMEOUT_S = 600
 
 
@@ -189,27 +195,55 @@ def mode_settings(mode: str, args: argparse.Namespace) -> tuple[int, str | None]
     return (0, None) if mode == "target_only" else (args.k, f"oracle-{args.alpha:g}")
 
 
-def serve_rates(stub: gateway_pb2_grpc.GatewayStub, prompts: list[str], references: list[list[int]],
+def parse_variant(spec: str) -> tuple[str, list[str]]:
+    """`LABEL[:--FLAG=VALUE,...]` -> (label, the target's extra flags)."""
+    label, _, flags = spec.partition(":")
+    if not label.isidentifier():
+        raise argparse.ArgumentTypeError(f"a variant's label must be a name (letters, digits, _), got {label!r}")
+    return label, [flag for flag in flags.split(",") if flag]
+
+
+def rotated(items: list, by: int) -> list:
+    """`items` starting at index `by` (modulo their number), then wrapping round."""
+    by %= len(items)
+    return items[by:] + items[:by]
+
+
+def ratios(metrics: dict, labels: list[str], prefixes: list[str]) -> dict:
+    """Each variant after the first: its ratio to the first's of the headline figures, at every mode and rate."""
+    out = {}
+    for label in labels[1:]:
+        for prefix in prefixes:
+            for name in RATIO_FIGURES:
+                ours, base = metrics[f"{label}_{prefix}{name}"], metrics[f"{labels[0]}_{prefix}{name}"]
+                if ours is not None and base:
+                    out[f"{label}_over_{labels[0]}_{prefix}{name}"] = round(ours / base, 4)
+    return out
+
+
+def serve_rates(stubs: dict[str, gateway_pb2_grpc.GatewayStub], prompts: list[str], references: list[list[int]],
                 args: argparse.Namespace) -> dict:
-    """Every rate in both modes, each after a warm-up request; the metrics of every run."""
-    metrics = {}
-    for rate in args.rates:
+    """Every rate in both modes on every variant's gateway (in turn, their order rotated from rate to rate), each
+    run after a warm-up request; the metrics of every run, and the later variants' ratios to the first's."""
+    metrics, prefixes = {}, []
+    for r, rate in enumerate(args.rates):
         schedule = poisson_schedule(args.num_requests, rate, args.seed)
         for mode in MODES:
             k, draft = mode_settings(mode, args)
-            generate(stub, prompts[0], 8, k, draft)  # warm the path
+            prefixes.append(f"{mode}_rate{rate:g}_")
             requests = [(i % len(prompts), build_request(prompts[i % len(prompts)], chat=False,
                                                          max_new_tokens=args.max_new_tokens, num_draft_tokens=k,
                                                          stop=[], draft_model=draft))
                         for i in range(args.num_requests)]
-            started = time.perf_counter()
-            records = run_load(stub, requests, schedule)
-            run = aggregate(records, references, f"{mode}_rate{rate:g}_")
-            print(f"gpu_serving: {mode} at {rate:g} req/s: {len(records)} requests in "
-                  f"{time.perf_counter() - started:.1f} s, {run[f'{mode}_rate{rate:g}_requests_failed']} failed",
-                  file=sys.stderr, flush=True)
-            metrics.update(run)
-    return metrics
+            for label in rotated(list(stubs), r):
+                generate(stubs[label], prompts[0], 8, k, draft)  # warm the path
+                started = time.perf_counter()
+                run = aggregate(run_load(stubs[label], requests, schedule), references, f"{label}_{prefixes[-1]}")
+                print(f"gpu_serving: {label} {mode} at {rate:g} req/s: {args.num_requests} requests in "
+                      f"{time.perf_counter() - started:.1f} s, {run[f'{label}_{prefixes[-1]}requests_failed']} failed",
+                      file=sys.stderr, flush=True)
+                metrics.update(run)
+    return {**metrics, **ratios(metrics, list(stubs), prefixes)}
 
 
 def parse_args() -> argparse.Namespace:
@@ -226,9 +260,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--k", type=int, default=4, help="draft tokens per step in spec mode")
     parser.add_argument("--max-batch-size", type=int, default=8, help="the model services' --max-batch-size")
     parser.add_argument("--seed", type=int, default=0, help="of the Poisson arrival times")
-    parser.add_argument("--label", default="", help="names the run in the report")
-    parser.add_argument("--target-arg", action="append", default=[], metavar="--FLAG=VALUE",
-                        help="an argument appended to the target service's command line (repeatable; give it with =)")
+    parser.add_argument("--variant", type=parse_variant, action="append", metavar="LABEL[:--FLAG=VALUE,...]",
+                        help="a target service (and gateway) of its own with these flags (repeatable; default: base)")
     parser.add_argument("--draft-quantize", choices=["none", "int8", "w8a8"], default="none")
     parser.add_argument("--draft-head-rows", type=int, default=None,
                         help="the draft's LM head keeps this many vocabulary rows (default: all)")
@@ -238,6 +271,10 @@ def parse_args() -> argparse.Namespace:
         parser.error("--num-requests, --k and --max-batch-size must be at least 1")
     if any(not rate > 0 for rate in args.rates):
         parser.error("--rates must be positive")
+    pairs = args.variant or [("base", [])]
+    args.variants = dict(pairs)
+    if len(args.variants) < len(pairs):
+        parser.error("each --variant needs a label of its own")
     return args
 
 
@@ -245,9 +282,8 @@ def main() -> None:
     interrupt_on_sigterm()  # a timeout's SIGTERM still stops the services
     os.environ.setdefault("TQDM_DISABLE", "1")  # the services' capture progress bars: they drown a log's tail
     args = parse_args()
-    metrics = {"label": args.label, "alpha": args.alpha, "k": args.k, "target_args": args.target_arg,
-               "max_batch_size": args.max_batch_size, "num_requests": args.num_requests,
-               "max_new_tokens": args.max_new_tokens, "seed": args.seed}
+    metrics = {"alpha": args.alpha, "k": args.k, "variants": args.variants, "max_batch_size": args.max_batch_size,
+               "num_requests": args.num_requests, "max_new_tokens": args.max_new_tokens, "seed": args.seed}
     with tempfile.TemporaryDirectory(prefix="specdec-serving-") as tmp:
         work = Path(tmp)
         models = bench_models(work, args.tiny, args.draft_head_rows, args.num_prompts, args.prompt_tokens,
@@ -257,16 +293,18 @@ def main() -> None:
         continuations.write_text("[]")
         trio = Trio(work)
         try:
-            target = trio.spawn("target", "target_service", ["--model", models.target, *flags, *args.target_arg],
-                                unix_socket=True)
+            targets = {label: trio.spawn(f"target-{label}", "target_service",
+                                         ["--model", models.target, *flags, *target_flags], unix_socket=True)
+                       for label, target_flags in args.variants.items()}
             draft = trio.spawn("draft", "bench.oracle_draft", [
                 "--model", models.draft, "--continuations", str(continuations), "--alphas", f"{args.alpha:g}",
                 "--quantize", args.draft_quantize, *flags], unix_socket=True)
-            with grpc.insecure_channel(gateway_over(trio, target, draft)) as channel:
-                stub = gateway_pb2_grpc.GatewayStub(channel)
-                references = target_only_outputs(stub, models.prompts, args.max_new_tokens)
+            with ExitStack() as channels:
+                stubs = {label: gateway_pb2_grpc.GatewayStub(channels.enter_context(grpc.insecure_channel(
+                    gateway_over(trio, target, draft, f"gateway-{label}")))) for label, target in targets.items()}
+                references = target_only_outputs(next(iter(stubs.values())), models.prompts, args.max_new_tokens)
                 write_continuations(continuations, models.prompt_ids, references)
-                metrics.update(serve_rates(stub, models.prompts, references, args))
+                metrics.update(serve_rates(stubs, models.prompts, references, args))
         finally:
             trio.stop()
     save_report("gpu_serving", metrics, args.out,

@@ -1,6 +1,7 @@
 """bench/gpu_serving.py: the Poisson schedule, the percentiles, a request's TTFT/TPOT/ITL and the metrics of a run."""
 from __future__ import annotations
 
+import argparse
 import statistics
 
 import pytest
@@ -99,3 +100,26 @@ def test_a_target_only_run_without_draft_tokens_has_no_acceptance_rate(gpu_servi
     m = gpu_serving.aggregate([_record(gpu_serving, 0, 0.0, [(0.1, 1), (0.2, 1)], 0.5)], [[0, 0]], "target_only_rate8_")
     assert m["target_only_rate8_acceptance_rate"] is None and m["target_only_rate8_outputs_differ"] == 0
     assert m["target_only_rate8_tok_s"] == pytest.approx(4.0) and m["target_only_rate8_requests_failed"] == 0
+
+
+def test_a_variant_is_a_label_and_the_flags_its_target_gets(gpu_serving):
+    assert gpu_serving.parse_variant("base") == ("base", [])
+    assert gpu_serving.parse_variant("one_prefill:--max-prefills-per-iteration=1,--max-num-batched-tokens=512") == (
+        "one_prefill", ["--max-prefills-per-iteration=1", "--max-num-batched-tokens=512"])
+    with pytest.raises(argparse.ArgumentTypeError, match="label must be a name"):
+        gpu_serving.parse_variant("one prefill:--max-prefills-per-iteration=1")
+
+
+def test_the_variants_order_rotates_from_one_rate_to_the_next(gpu_serving):
+    labels = ["base", "a", "b"]
+    assert [gpu_serving.rotated(labels, r) for r in range(4)] == [
+        ["base", "a", "b"], ["a", "b", "base"], ["b", "base", "a"], ["base", "a", "b"]]
+
+
+def test_later_variants_get_their_ratio_to_the_first_of_each_headline_figure(gpu_serving):
+    prefixes = ["spec_rate8_"]
+    metrics = {f"{label}_spec_rate8_{name}": value for label, value in (("base", 2.0), ("one", 1.0))
+               for name in gpu_serving.RATIO_FIGURES}
+    metrics["one_spec_rate8_tok_s"] = None  # a figure missing (no completed request) gets no ratio
+    ratios = gpu_serving.ratios(metrics, ["base", "one"], prefixes)
+    assert ratios == {f"one_over_base_spec_rate8_{name}": 0.5 for name in gpu_serving.RATIO_FIGURES if name != "tok_s"}
