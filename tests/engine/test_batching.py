@@ -10,6 +10,7 @@ import torch
 from engine.model_drafter import ModelDrafter
 from engine.model_runner import ModelRunner, RuntimeConfig
 from engine.target_engine import TargetEngine, TargetEngineConfig
+from specdec.errors import ServiceUnavailableError
 
 PROMPTS = [[5, 6, 7], list(range(20, 41)), [9], list(range(100, 108))]
 
@@ -349,3 +350,20 @@ def test_a_prompt_cancelled_while_waiting_its_prefill_turn_leaves_no_kv_and_no_t
     assert waiting == [2, 1]
     assert stats["num_kv_blocks_used"] == 0 and stats["num_active_sequences"] == 0
     assert stats["num_sequences_started"] == 3 and stats["num_waiting_sequences"] == 0
+
+
+def test_prompts_waiting_their_prefill_turn_when_the_engine_stops_fail_as_unavailable_not_hang(model_dirs):
+    """--max-prefills-per-iteration 1 and a stop (a shutdown, or a replaced model) while one prompt prefills and two
+    wait their turn: each of the three fails with UNAVAILABLE (the gateway moves the request on), none waits on."""
+    async def main() -> tuple[list, dict]:
+        engine = TargetEngine(_runner(model_dirs["target"]), TargetEngineConfig(max_prefills_per_iteration=1))
+        engine.start()
+        prefills = [asyncio.create_task(engine.prefill(p, 8)) for p in PROMPTS[1:]]
+        await asyncio.sleep(0)  # the first holds the turn, the others wait for it
+        await engine.stop()
+        results = await asyncio.wait_for(asyncio.gather(*prefills, return_exceptions=True), 30)
+        return results, engine.stats()
+
+    results, stats = asyncio.run(main())
+    assert [type(r) for r in results] == [ServiceUnavailableError] * 3
+    assert stats["num_active_sequences"] == 0 and stats["num_waiting_sequences"] == 0
