@@ -16,7 +16,9 @@ from specdec.v1 import gateway_pb2, gateway_pb2_grpc
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("replicas_up")]  # starts service processes
 PROMPT = "Speculative decoding: a draft proposes, the target verifies."
-MAX_NEW_TOKENS = 2000  # ~5 s of decoding on a 2-core CPU: longer than a short grace would allow
+# 2000 took ~34-40 s on the 2-vCPU VM by 2026-12-06 (5 s when written), past a target's default 30 s grace, so
+# the stopped target cut its stream (1000: 20 s); 800: well inside that grace, longer than a short grace allows
+MAX_NEW_TOKENS = 800
 
 
 @pytest.fixture(scope="module")
