@@ -187,6 +187,9 @@ def run_load(stub: gateway_pb2_grpc.GatewayStub, requests: list[tuple[int, gatew
         threads.append(thread)
     for thread in threads:
         thread.join()
+    lost = [i for i, record in enumerate(records) if record is None]
+    if lost:  # a thread raised something other than a gRPC error: its traceback is printed above
+        raise RuntimeError(f"requests {lost} ended without a record: their client threads raised")
     return records
 
 

@@ -123,3 +123,16 @@ def test_later_variants_get_their_ratio_to_the_first_of_each_headline_figure(gpu
     metrics["one_spec_rate8_tok_s"] = None  # a figure missing (no completed request) gets no ratio
     ratios = gpu_serving.ratios(metrics, ["base", "one"], prefixes)
     assert ratios == {f"one_over_base_spec_rate8_{name}": 0.5 for name in gpu_serving.RATIO_FIGURES if name != "tok_s"}
+
+
+class _BrokenStub:
+    """A Generate that fails as no gRPC call does: the client thread raises."""
+
+    def Generate(self, request, timeout):  # noqa: N802 (the stub's method name)
+        raise ValueError("not a gRPC error")
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_client_thread_that_raises_stops_the_run_naming_its_request(gpu_serving):
+    with pytest.raises(RuntimeError, match=r"requests \[0\] ended without a record"):
+        gpu_serving.run_load(_BrokenStub(), [(0, None)], [0.0])
