@@ -12,7 +12,6 @@ results are answered as soon as it is read back, not once the iteration's last f
 """
 from __future__ import annotations
 
-import asyncio
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -29,6 +28,7 @@ from engine.rehearsal import Rehearsal
 from engine.sampling import Distribution, SamplingParams, check_draft_probs, sample_token, verify_sampled
 from engine.verification import Verification, verify_greedy
 from specdec.errors import InvalidRequestError
+from specdec.turns import Turns
 
 
 REHEARSAL_DRAFT_TOKENS = 4  # the verify a rehearsal runs (engine/rehearsal.py): k = 4, the common case
@@ -97,8 +97,7 @@ class TargetEngine:
         self.num_sequence_steps = 0
         self._rehearsal: tuple[Rehearsal, TargetSequence] | None = None
         limit = config.max_prefills_per_iteration
-        self._prefill_turns = asyncio.Semaphore(limit) if limit else None
-        self._num_awaiting_turn = 0  # prompts admitted, waiting for their prefill's turn
+        self._prefill_turns = Turns(limit) if limit else None  # its waiters: prompts admitted, awaiting a turn
 
     def start(self) -> None:
         self._loop.start()
@@ -114,7 +113,7 @@ class TargetEngine:
         """Counters read at the time of the call (the EngineStats message's fields)."""
         allocator = self.runner.kv.allocator
         return {"num_active_sequences": self.num_active_sequences,
-                "num_waiting_sequences": self.admission.num_waiting + self._num_awaiting_turn,
+                "num_waiting_sequences": self.admission.num_waiting + self._num_awaiting_turn(),
                 "num_sequences_started": self.num_sequences_started, "num_forwards": self.num_forwards,
                 "num_sequence_steps": self.num_sequence_steps, "num_kv_blocks_used": allocator.num_used,
                 "num_kv_blocks_total": allocator.num_blocks, "kv_block_size": self.runner.kv.block_size}
@@ -137,20 +136,16 @@ class TargetEngine:
             raise
         return seq, outcome.verification.committed_ids[0], outcome.timing
 
+    def _num_awaiting_turn(self) -> int:
+        return self._prefill_turns.num_waiting if self._prefill_turns is not None else 0
+
     async def _prefill_in_turn(self, job: _Job) -> _Outcome:
         """The prefill job, once it has a turn (config.max_prefills_per_iteration): every chunk of its prompt runs in
-        it. Turns go in arrival order (asyncio.Semaphore's waiters)."""
+        it, in arrival order (specdec/turns.py)."""
         if self._prefill_turns is None:
             return await self._loop.submit(job)
-        self._num_awaiting_turn += 1
-        try:
-            await self._prefill_turns.acquire()
-        finally:
-            self._num_awaiting_turn -= 1
-        try:
+        async with self._prefill_turns.turn():
             return await self._loop.submit(job)
-        finally:
-            self._prefill_turns.release()
 
     async def verify(self, seq: TargetSequence, draft_ids: list[int], draft_probs: list[Distribution] | None = None
                      ) -> tuple[Verification, StepTiming]:
