@@ -55,11 +55,13 @@ class TargetLost(StreamLost):
 # the request is wrong: the request moves to another replica. Any other status passes through.
 TARGET_LOST_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.ABORTED,
                                grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL})
-# The draft is optional, so only a draft the client named and the service lacks passes through (NOT_FOUND);
-# anything else ends drafting for the request, which goes on target-only: a draft gone, overloaded, too
-# slow or broken, and a draft that cannot take a request the target accepted (a shorter context, another
-# vocabulary: a draft loaded live is checked against the target only where the loader says so).
-DRAFT_REQUEST_ERRORS = frozenset({grpc.StatusCode.NOT_FOUND})
+# The draft is optional, so only a draft the client named and the service lacks passes through (NOT_FOUND),
+# and the request's own deadline (DEADLINE_EXCEEDED: every stream of a request carries it, so the target's ends
+# too; the request is over, not the draft); anything else ends drafting for the request, which goes on
+# target-only: a draft gone, overloaded, too slow or broken, and a draft that cannot take a request the target
+# accepted (a shorter context, another vocabulary: a draft loaded live is checked against the target only where
+# the loader says so).
+DRAFT_REQUEST_ERRORS = frozenset({grpc.StatusCode.NOT_FOUND, grpc.StatusCode.DEADLINE_EXCEEDED})
 
 
 def verify_request(proposal: Proposal) -> target_pb2.TargetRequest:

@@ -228,5 +228,7 @@ def _outcome_of(error: Exception) -> str:
     if isinstance(error, grpc.aio.AioRpcError):  # a model service's status, passed through
         return {grpc.StatusCode.UNAVAILABLE: OUTCOME_UNAVAILABLE, grpc.StatusCode.NOT_FOUND: OUTCOME_INVALID,
                 grpc.StatusCode.INVALID_ARGUMENT: OUTCOME_INVALID,
+                # the client's deadline, as the model streams that carry it saw it end: the client's doing
+                grpc.StatusCode.DEADLINE_EXCEEDED: OUTCOME_CANCELLED,
                 grpc.StatusCode.RESOURCE_EXHAUSTED: OUTCOME_REJECTED}.get(error.code(), OUTCOME_ERROR)
     return OUTCOME_ERROR

@@ -2,14 +2,22 @@
 and every KV block goes back to the pool on both services."""
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
 import time
+from contextlib import aclosing
 
 import grpc
 import pytest
 from harness import generate, mid_stream_deadline_s
+from transformers import PreTrainedTokenizerBase
 
+from gateway.backends import Backends
+from gateway.config import GatewayConfig
+from gateway.driver import Driver
+from gateway.metrics import GatewayMetrics
+from gateway.request import GenerationParams
 from specdec.processes import Replica
 from specdec.v1 import gateway_pb2, gateway_pb2_grpc
 
@@ -56,6 +64,47 @@ def test_client_deadline_frees_kv_on_both_services(cluster, cluster_gateway):
     with pytest.raises(grpc.RpcError) as info:
         list(call)
     assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    cluster.wait_idle()
+
+
+def test_a_deadline_that_ends_a_hung_drafts_stream_ends_the_request_as_a_deadline_not_a_lost_draft(
+        loop, cluster, caplog):
+    # A driver of our own, without a gRPC client whose deadline would cancel it first: the request's deadline
+    # reaches the model streams alone, and the first to end is the draft's (both drafts hang: SIGSTOP).
+    config = GatewayConfig(target_address="ipv4:" + ",".join(t.address for t in cluster.targets),
+                           draft_address="ipv4:" + ",".join(d.address for d in cluster.drafts),
+                           default_num_draft_tokens=3, connect_timeout_s=60)
+    async def connected() -> tuple[Backends, PreTrainedTokenizerBase]:  # its channels: the driver's loop's
+        backends = Backends(config.target_address, config.draft_address, None, config.target_failover_timeout_s)
+        return backends, await backends.connect(config.connect_timeout_s)
+
+    backends, tokenizer = loop.run(connected())
+    metrics = GatewayMetrics()
+    driver = Driver(config, backends, tokenizer, metrics, None)
+    params = GenerationParams(tokenizer(PROMPT).input_ids, REQUEST["max_new_tokens"],
+                              REQUEST["num_draft_tokens"], [])
+
+    async def generate_until_the_deadline() -> int:
+        num_tokens = 0
+        async with aclosing(driver.generate(params, "grpc", timeout_s=2.0)) as deltas:
+            async for delta in deltas:
+                num_tokens += len(delta.token_ids)
+        return num_tokens
+
+    for draft in cluster.drafts:
+        draft.pause()
+    try:
+        with caplog.at_level(logging.WARNING, logger="gateway"), pytest.raises(grpc.aio.AioRpcError) as info:
+            loop.run(generate_until_the_deadline())
+    finally:
+        for draft in cluster.drafts:
+            draft.resume()
+        loop.run(backends.close())
+    assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert not [r for r in caplog.records if "lost the draft" in r.getMessage()]  # the draft was not at fault
+    outcomes = {s.labels["outcome"]: s.value for m in metrics.registry.collect() for s in m.samples
+                if s.name == "specdec_gateway_requests_total"}
+    assert outcomes == {"cancelled": 1.0}
     cluster.wait_idle()
 
 
