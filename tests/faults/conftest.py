@@ -53,6 +53,15 @@ class Cluster:
     def replicas(self) -> list[Replica]:
         return [*self.targets, *self.drafts]
 
+    @property
+    def target_pool(self) -> str:
+        """The target replicas as one gateway address (`ipv4:A,B`: round-robin)."""
+        return "ipv4:" + ",".join(t.address for t in self.targets)
+
+    @property
+    def draft_pool(self) -> str:
+        return "ipv4:" + ",".join(d.address for d in self.drafts)
+
     def ensure_running(self) -> None:
         """Restarts every replica a test killed (on its port), together."""
         down = [r for r in self.replicas if not r.is_running()]
@@ -109,8 +118,7 @@ def replicas_up(cluster):
 def cluster_gateway_port(loop, cluster) -> int:
     """A gateway over both pools; a draft that is silent for 1 s is dropped from the request (and new requests
     still try the drafts: no pause, so each test sees the pools as it left them)."""
-    config = GatewayConfig(target_address="ipv4:" + ",".join(t.address for t in cluster.targets),
-                           draft_address="ipv4:" + ",".join(d.address for d in cluster.drafts),
+    config = GatewayConfig(target_address=cluster.target_pool, draft_address=cluster.draft_pool,
                            default_num_draft_tokens=3, draft_step_timeout_s=1.0, draft_pause_s=0,
                            connect_timeout_s=60)
     server = loop.run(start_gateway_server(config))

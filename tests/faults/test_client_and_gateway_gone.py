@@ -71,8 +71,7 @@ def test_a_deadline_that_ends_a_hung_drafts_stream_ends_the_request_as_a_deadlin
         loop, cluster, caplog):
     # A driver of our own, without a gRPC client whose deadline would cancel it first: the request's deadline
     # reaches the model streams alone, and the first to end is the draft's (both drafts hang: SIGSTOP).
-    config = GatewayConfig(target_address="ipv4:" + ",".join(t.address for t in cluster.targets),
-                           draft_address="ipv4:" + ",".join(d.address for d in cluster.drafts),
+    config = GatewayConfig(target_address=cluster.target_pool, draft_address=cluster.draft_pool,
                            default_num_draft_tokens=3, connect_timeout_s=60)
 
     async def connected() -> tuple[Backends, PreTrainedTokenizerBase]:  # its channels: the driver's loop's
@@ -121,8 +120,7 @@ def test_client_process_killed_mid_stream_frees_kv_on_both_services(cluster, clu
 
 
 def test_gateway_killed_mid_request_frees_its_sequences_and_a_new_gateway_serves(cluster, tmp_path):
-    args = ["--target", "ipv4:" + ",".join(t.address for t in cluster.targets),
-            "--draft", "ipv4:" + ",".join(d.address for d in cluster.drafts)]
+    args = ["--target", cluster.target_pool, "--draft", cluster.draft_pool]
     gateway = Replica("gateway", "gateway", args, tmp_path)
     try:
         gateway.start()

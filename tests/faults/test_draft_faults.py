@@ -100,8 +100,7 @@ PAUSE_S = 3.0
 @pytest.fixture
 def pausing_gateway(loop, cluster):
     """A gateway that, once a draft timed out (1 s), leaves the draft pool alone for PAUSE_S."""
-    config = GatewayConfig(target_address="ipv4:" + ",".join(t.address for t in cluster.targets),
-                           draft_address="ipv4:" + ",".join(d.address for d in cluster.drafts),
+    config = GatewayConfig(target_address=cluster.target_pool, draft_address=cluster.draft_pool,
                            draft_step_timeout_s=1.0, draft_pause_s=PAUSE_S, connect_timeout_s=60)
     server = loop.run(start_gateway_server(config))
     with grpc.insecure_channel(f"127.0.0.1:{server.port}") as c:

@@ -36,8 +36,8 @@ def gateway_process(cluster, tmp_path):
     HTTP API on `http_port`."""
     http_port = free_port()
     gateway = Replica("gateway", "gateway", [
-        "--target", "ipv4:" + ",".join(t.address for t in cluster.targets),
-        "--draft", "ipv4:" + ",".join(d.address for d in cluster.drafts), "--shutdown-grace-s", "60",
+        "--target", cluster.target_pool,
+        "--draft", cluster.draft_pool, "--shutdown-grace-s", "60",
         "--http-port", str(http_port), "--served-model-name", "graceful"], tmp_path)
     gateway.start()
     gateway.http_port = http_port
