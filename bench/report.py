@@ -1,4 +1,4 @@
-"""The one shape every benchmark saves: bench/results/NAME.json with name, command, machine, when, metrics."""
+"""The one shape every benchmark saves: bench/results/NAME.json with name, command, machine, host, when, metrics."""
 from __future__ import annotations
 
 import itertools

@@ -18,5 +18,5 @@ def test_a_saved_report_has_the_shape_every_benchmark_shares_and_names_the_host_
     saved = json.loads(out.read_text())
     assert set(saved) == {"name", "command", "machine", "host", "when", "metrics"}
     assert saved["metrics"] == {"tok_s": 0.3333, "nested": {"ms": 0.6667}}
-    assert saved["host"]["cpus"] >= 1 and saved["host"]["cpu"] and saved["host"]["kernel"]
+    assert saved["host"]["cpus"] >= 1 and saved["host"]["kernel"] and "cpu" in saved["host"]
     assert json.loads(capsys.readouterr().out) == saved["metrics"]
