@@ -11,6 +11,7 @@ from transformers import PreTrainedTokenizerBase
 
 from engine.sampling import Distribution, SamplingParams
 from engine.tokenizer_info import tokenizer_from_files
+from gateway.config import GatewayConfig
 from specdec.errors import IncompatibleModelsError, ServiceUnavailableError
 from specdec.messages import distributions, distributions_pb, sampling_params_pb
 from specdec.request_id import request_id_metadata
@@ -269,6 +270,13 @@ class Backends:
         self._draft_paused_until = 0.0
         self.target_info: common_pb2.ModelInfo | None = None
         self.draft_info: common_pb2.ModelInfo | None = None
+
+    @classmethod
+    def for_config(cls, config: GatewayConfig) -> Backends:
+        """The pools a gateway of `config` talks to, with its timeouts, pause and TLS."""
+        return cls(config.target_address, config.draft_address, config.draft_step_timeout_s,
+                   config.target_failover_timeout_s, config.backend_tls, config.draft_pause_s,
+                   config.draft_opens_with_prefill)
 
     @property
     def has_draft(self) -> bool:

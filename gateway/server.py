@@ -36,9 +36,7 @@ async def start_gateway_server(
     --idle-poll mode, whether the host's idle CPUs poll while any generation runs, by the same rule.
     `unix_socket`: serve gRPC there too.
     """
-    backends = Backends(config.target_address, config.draft_address, config.draft_step_timeout_s,
-                        config.target_failover_timeout_s, config.backend_tls, config.draft_pause_s,
-                        config.draft_opens_with_prefill)
+    backends = Backends.for_config(config)
     try:
         tokenizer = await backends.connect(config.connect_timeout_s)
     except BaseException:

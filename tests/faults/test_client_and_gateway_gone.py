@@ -75,7 +75,7 @@ def test_a_deadline_that_ends_a_hung_drafts_stream_ends_the_request_as_a_deadlin
                            default_num_draft_tokens=3, connect_timeout_s=60)
 
     async def connected() -> tuple[Backends, PreTrainedTokenizerBase]:  # its channels: the driver's loop's
-        backends = Backends(config.target_address, config.draft_address, None, config.target_failover_timeout_s)
+        backends = Backends.for_config(config)
         return backends, await backends.connect(config.connect_timeout_s)
 
     backends, tokenizer = loop.run(connected())

@@ -36,8 +36,7 @@ def gateway_process(cluster, tmp_path):
     HTTP API on `http_port`."""
     http_port = free_port()
     gateway = Replica("gateway", "gateway", [
-        "--target", cluster.target_pool,
-        "--draft", cluster.draft_pool, "--shutdown-grace-s", "60",
+        "--target", cluster.target_pool, "--draft", cluster.draft_pool, "--shutdown-grace-s", "60",
         "--http-port", str(http_port), "--served-model-name", "graceful"], tmp_path)
     gateway.start()
     gateway.http_port = http_port
